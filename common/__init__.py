@@ -1,0 +1,1 @@
+"""Shared core of the Byzantine-tolerant parameter server: no sockets, no processes."""

@@ -1,0 +1,143 @@
+"""The paper's models and flat-vector <-> parameter helpers.
+
+Xie, Koyejo, Gupta, *Generalized Byzantine-tolerant SGD* (ICML 2018), Sec. 6:
+
+* MLP (MNIST): flatten -> fc 128 -> ReLU -> fc 128 -> ReLU -> fc 10.
+* CNN (CIFAR-10): conv 32 -> ReLU -> conv 32 -> ReLU -> maxpool 2 -> dropout 0.2
+  -> conv 64 -> ReLU -> conv 64 -> ReLU -> maxpool 2 -> dropout 0.2 -> flatten
+  -> fc 512 -> ReLU -> dropout 0.2 -> fc 512 -> ReLU -> dropout 0.2 -> fc classes.
+
+Both output logits; the softmax lives in the loss (cross-entropy). The paper does not name
+the activation (ReLU is the natural reading) nor the padding of the 64-channel convolutions
+(3x3 with padding 1 here, like the 32-channel ones).
+
+The parameter server works on the flat float32 vector x of all parameters, in
+``model.parameters()`` order: :func:`flatten_parameters`, :func:`load_flat_parameters`,
+:func:`flatten_gradients`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.seeding import derive_int_seed
+
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn")
+
+_DROPOUT = 0.2
+
+
+def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = input_shape
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(c * h * w, 128),
+        nn.ReLU(),
+        nn.Linear(128, 128),
+        nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = input_shape
+    if h < 4 or w < 4:
+        raise ValueError(f"the CNN needs inputs of at least 4x4 (two 2x2 poolings), got {h}x{w}")
+    flat = 64 * (h // 4) * (w // 4)
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(_DROPOUT),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(_DROPOUT),
+        nn.Flatten(),
+        nn.Linear(flat, 512),
+        nn.ReLU(),
+        nn.Dropout(_DROPOUT),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Dropout(_DROPOUT),
+        nn.Linear(512, num_classes),
+    )
+
+
+_BUILDERS = {"mlp": _mlp, "cnn": _cnn}
+
+
+def build_model(
+    name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int
+) -> nn.Module:
+    """The paper's ``name`` model ("mlp" or "cnn") for (C, H, W) inputs, float32, on CPU.
+
+    Initialisation is torch's default, drawn from a forked CPU RNG seeded with
+    ``derive_int_seed(seed, "model-init")``: the same seed gives bit-identical parameters
+    and the global torch RNG state is left untouched.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    if len(input_shape) != 3 or any(int(s) < 1 for s in input_shape):
+        raise ValueError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    shape = (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_int_seed(seed, "model-init"))
+        model = _BUILDERS[name](shape, int(num_classes))
+    return model.float()
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters d (the length of the flat vector)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flatten_parameters(model: nn.Module) -> torch.Tensor:
+    """A 1-D float32 copy of all parameters, in ``model.parameters()`` order."""
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def load_flat_parameters(model: nn.Module, flat: torch.Tensor | np.ndarray) -> None:
+    """Copy a 1-D float32 vector (tensor or numpy array) into the model's parameters."""
+    if isinstance(flat, np.ndarray):
+        if flat.dtype != np.float32:
+            raise ValueError(f"flat parameters must be float32, got numpy {flat.dtype}")
+        if not flat.flags.writeable:
+            flat = flat.copy()  # torch.from_numpy warns on read-only buffers
+        flat = torch.from_numpy(flat)
+    if not isinstance(flat, torch.Tensor):
+        raise ValueError(f"flat parameters must be a tensor or numpy array, got {type(flat)}")
+    if flat.dtype != torch.float32:
+        raise ValueError(f"flat parameters must be float32, got {flat.dtype}")
+    expected = num_parameters(model)
+    if flat.dim() != 1 or flat.numel() != expected:
+        raise ValueError(
+            f"flat parameters have shape {tuple(flat.shape)}, the model needs a 1-D vector "
+            f"of {expected} values"
+        )
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            k = p.numel()
+            p.copy_(flat[offset : offset + k].reshape(p.shape))
+            offset += k
+
+
+def flatten_gradients(model: nn.Module) -> torch.Tensor:
+    """A 1-D float32 vector of the parameters' ``.grad`` (zeros where it is None)."""
+    parts = [
+        torch.zeros(p.numel(), dtype=torch.float32)
+        if p.grad is None
+        else p.grad.detach().reshape(-1).float()
+        for p in model.parameters()
+    ]
+    return torch.cat(parts)

@@ -1,0 +1,350 @@
+"""Wire protocol between workers, servers, proxies and evaluators.
+
+A message is a list of ZeroMQ frames::
+
+    [msgpack header, raw tensor chunk, raw tensor chunk, ...]
+
+The header is a msgpack map with the protocol version ``v``, the ``op`` code
+and the op's fields; tensors never travel inside msgpack and nothing is ever
+pickled. A tensor is little-endian float32, sent as one or more raw frames of
+at most ``CHUNK_BYTES`` each (large single frames are slow on glibc, see
+``shared/perf-notes.md``); the header states the element count and dtype and
+the decoder checks that the frames hold exactly that many bytes.
+
+On a server the ROUTER socket sees ``[routing envelope..., b"", header,
+chunks...]``: the empty delimiter frame separates the opaque envelope (one
+identity per hop, so the same server works directly and behind ``ps-proxy``)
+from the message. ``split_envelope``/``join_envelope`` handle that part.
+
+Every decoder raises ``ProtocolError`` (never anything else) for malformed
+input: unknown op, wrong version, missing or mistyped fields, payload length
+not matching the header, oversize data.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, Union
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+DTYPE = "<f4"
+ITEM_BYTES = 4
+CHUNK_BYTES = 4 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ELEMENTS = 1 << 28
+# Largest single inbound frame a socket accepts (zmq.MAXMSGSIZE): a chunk or a header.
+MAX_FRAME_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES)
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+class ProtocolError(Exception):
+    """A message that does not follow the protocol."""
+
+
+class Op(enum.IntEnum):
+    """Operation codes carried in every header."""
+
+    HELLO = 1
+    WELCOME = 2
+    PULL = 3
+    PARAMS = 4
+    PUSH = 5
+    ACK = 6
+    STATUS = 7
+    STATUS_REPLY = 8
+    ERROR = 9
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a request was refused (sent in ERROR replies, counted by servers)."""
+
+    MALFORMED = "malformed"
+    VERSION = "version"
+    CONFIG_MISMATCH = "config-mismatch"
+    UNKNOWN_WORKER = "unknown-worker"
+    WRONG_ROUND = "wrong-round"
+    STALE_ROUND = "stale-round"
+    DUPLICATE = "duplicate"
+    WRONG_LENGTH = "wrong-length"
+    NON_FINITE = "non-finite"
+    FINISHED = "finished"
+    UNEXPECTED = "unexpected"
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A peer introduces itself: role, worker id (-1 if none) and its run configuration."""
+
+    op: ClassVar[Op] = Op.HELLO
+    role: str
+    worker: int
+    config_hash: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """A server accepts a HELLO: its shard, the shard's range of the model, the current round."""
+
+    op: ClassVar[Op] = Op.WELCOME
+    shard: int
+    num_shards: int
+    start: int
+    stop: int
+    d: int
+    round: int
+    rounds: int
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Ask for the shard's parameters at ``round`` (answered once that round exists).
+
+    ``worker`` is the asking worker's id, -1 for an evaluator.
+    """
+
+    op: ClassVar[Op] = Op.PULL
+    round: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class Params:
+    """The shard's parameters at ``round``; ``length`` float32 values follow as raw frames."""
+
+    op: ClassVar[Op] = Op.PARAMS
+    round: int
+    shard: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Push:
+    """Worker ``worker``'s gradient shard for ``round``; ``length`` float32 values follow."""
+
+    op: ClassVar[Op] = Op.PUSH
+    round: int
+    worker: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A push was accepted."""
+
+    op: ClassVar[Op] = Op.ACK
+    round: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class Status:
+    """Ask a server for its state (monitoring and tests)."""
+
+    op: ClassVar[Op] = Op.STATUS
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """A server's state: round, progress of the current round, error counters."""
+
+    op: ClassVar[Op] = Op.STATUS_REPLY
+    shard: int
+    round: int
+    rounds: int
+    finished: bool
+    pushes: list[int]
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Error:
+    """A refused request: machine-readable code, human message, the server's current round."""
+
+    op: ClassVar[Op] = Op.ERROR
+    code: str
+    message: str
+    round: int = -1
+
+
+Header = Union[Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error]
+HEADER_TYPES: dict[Op, type] = {
+    t.op: t for t in (Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error)
+}
+_TENSOR_OPS = (Op.PARAMS, Op.PUSH)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded message: its header and the raw tensor chunks (empty unless PARAMS/PUSH)."""
+
+    header: Header
+    chunks: tuple[memoryview, ...] = ()
+
+    def tensor(self) -> np.ndarray:
+        """The payload as a float32 array (zero-copy when it arrived as one frame)."""
+        return chunks_to_array(self.chunks, _length(self.header))
+
+    def tensor_into(self, out: np.ndarray) -> None:
+        """Copy the payload into ``out`` (1-D float32 of exactly the payload's length)."""
+        copy_chunks_into(self.chunks, out)
+
+
+def encode(header: Header, tensor: np.ndarray | None = None) -> list[Buffer]:
+    """Frames for ``header`` (and the tensor of a PARAMS/PUSH message)."""
+    body = {"v": PROTOCOL_VERSION, "op": int(header.op), **asdict(header)}
+    frames: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
+    if header.op in _TENSOR_OPS:
+        if tensor is None:
+            raise ValueError(f"{header.op.name} needs a tensor")
+        frames.extend(array_to_chunks(tensor, _length(header)))
+    elif tensor is not None:
+        raise ValueError(f"{header.op.name} carries no tensor")
+    return frames
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """Decode frames (bytes, memoryviews or ``zmq.Frame``) into a ``Message``.
+
+    Raises ``ProtocolError`` for anything malformed.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    raw = _as_buffer(frames[0])
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many types for garbage
+        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"header must be a map, got {type(body).__name__}")
+    version = body.pop("v", None)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} not supported (need {PROTOCOL_VERSION})")
+    op_code = body.pop("op", None)
+    try:
+        op = Op(op_code)
+    except (ValueError, TypeError):
+        raise ProtocolError(f"unknown op {op_code!r}") from None
+    header = _build_header(HEADER_TYPES[op], body)
+    chunks = tuple(_as_buffer(f) for f in frames[1:])
+    if op in _TENSOR_OPS:
+        _check_payload(chunks, _length(header))
+    elif chunks:
+        raise ProtocolError(f"{op.name} carries no tensor but {len(chunks)} extra frames came")
+    return Message(header, chunks)
+
+
+def split_envelope(frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Split ROUTER frames at the first empty delimiter: ``(envelope, message frames)``."""
+    for i, f in enumerate(frames):
+        if len(_as_buffer(f)) == 0:
+            return list(frames[:i]), list(frames[i + 1 :])
+    raise ProtocolError("no empty delimiter frame after the routing envelope")
+
+
+def join_envelope(envelope: Sequence[Any], frames: Sequence[Buffer]) -> list[Any]:
+    """Frames to send back through a ROUTER: the envelope, the delimiter, the message."""
+    return [*envelope, b"", *frames]
+
+
+def array_to_chunks(tensor: np.ndarray, length: int) -> list[memoryview]:
+    """Zero-copy views of a 1-D float32 array, ``CHUNK_BYTES`` at most each."""
+    arr = np.ascontiguousarray(tensor, dtype=DTYPE)
+    if arr.ndim != 1 or arr.size != length:
+        raise ValueError(f"tensor must be 1-D with {length} values, got shape {arr.shape}")
+    view = memoryview(arr).cast("B")
+    return [view[i : i + CHUNK_BYTES] for i in range(0, max(len(view), 1), CHUNK_BYTES)]
+
+
+def chunks_to_array(chunks: Sequence[memoryview], length: int) -> np.ndarray:
+    """The float32 array held by ``chunks`` (a view when there is a single chunk)."""
+    if len(chunks) == 1:
+        return np.frombuffer(chunks[0], dtype=DTYPE, count=length)
+    out = np.empty(length, dtype=DTYPE)
+    copy_chunks_into(chunks, out)
+    return out
+
+
+def copy_chunks_into(chunks: Sequence[memoryview], out: np.ndarray) -> None:
+    """Copy the payload chunks into ``out`` without an intermediate array."""
+    target = memoryview(out).cast("B")
+    pos = 0
+    for c in chunks:
+        target[pos : pos + len(c)] = c
+        pos += len(c)
+    if pos != len(target):
+        raise ProtocolError(f"payload has {pos} bytes, destination needs {len(target)}")
+
+
+def _length(header: Header) -> int:
+    return header.length  # type: ignore[union-attr]
+
+
+def _check_payload(chunks: Sequence[memoryview], length: int) -> None:
+    if not 0 < length <= MAX_ELEMENTS:
+        raise ProtocolError(f"tensor length {length} outside 1..{MAX_ELEMENTS}")
+    if any(len(c) > CHUNK_BYTES for c in chunks):
+        raise ProtocolError(f"tensor chunk larger than {CHUNK_BYTES} bytes")
+    size = sum(len(c) for c in chunks)
+    if size != length * ITEM_BYTES:
+        raise ProtocolError(
+            f"payload has {size} bytes but the header announces {length} float32 "
+            f"({length * ITEM_BYTES} bytes)"
+        )
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "str": (str,),
+    "bool": (bool,),
+    "dict[str, Any]": (dict,),
+    "dict[str, int]": (dict,),
+    "list[int]": (list,),
+}
+
+
+def _build_header(cls: type, body: dict[str, Any]) -> Header:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ProtocolError(f"{cls.__name__}: unknown fields {unknown}")
+    for f in fields(cls):
+        if f.name not in body:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError(f"{cls.__name__}: missing field {f.name!r}")
+            continue
+        value = body[f.name]
+        allowed = _FIELD_TYPES[str(f.type)]
+        # bool is a subclass of int: refuse it where an int is expected
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
+            raise ProtocolError(
+                f"{cls.__name__}.{f.name} must be {f.type}, got {type(value).__name__}"
+            )
+        if f.type == "list[int]" and not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in value
+        ):
+            raise ProtocolError(f"{cls.__name__}.{f.name} must hold integers")
+        if f.type == "dict[str, int]" and not all(
+            isinstance(k, str) and isinstance(x, int) and not isinstance(x, bool)
+            for k, x in value.items()
+        ):
+            raise ProtocolError(f"{cls.__name__}.{f.name} must map strings to integers")
+    return cls(**body)
+
+
+def _as_buffer(frame: Any) -> memoryview:
+    """A memoryview of a frame given as bytes, buffer or ``zmq.Frame``."""
+    buf = getattr(frame, "buffer", frame)
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise ProtocolError(f"frame of type {type(frame).__name__} is not a buffer") from None
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

@@ -1,0 +1,1 @@
+"""The system as a whole: proxy, local cluster launcher, reference simulation."""

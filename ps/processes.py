@@ -1,0 +1,74 @@
+"""Child processes of the launcher: started with their log in a file, stopped for sure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class ManagedProcess:
+    """One child process whose stdout and stderr go to ``log_path``."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,  # Ctrl-C reaches the launcher only; it stops us
+            )
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def tail(self, lines: int = 15) -> list[str]:
+        """The last ``lines`` lines of the process's log."""
+        try:
+            with self.log_path.open("r", encoding="utf-8", errors="replace") as f:
+                return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
+        except FileNotFoundError:
+            return []
+
+
+def stop_all(processes: list[ManagedProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every running process, SIGKILL what is still alive after ``grace_s``."""
+    for p in processes:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        if p.process is None:
+            continue
+        try:
+            p.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.signal(signal.SIGKILL)
+            p.process.wait()

@@ -1,0 +1,1 @@
+"""The server-node role: one process per model shard."""

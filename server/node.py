@@ -1,0 +1,307 @@
+"""The server node: a ZeroMQ ROUTER loop around one ``ShardState``.
+
+Answers HELLO, PULL, PUSH and STATUS (see ``docs/protocol.md``). Every
+malformed or refused request gets an ERROR reply and a counter; nothing a
+peer sends can stop the loop. A PULL for a round that does not exist yet is
+parked and answered when the round completes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.config import RunConfig
+from common.errors import ConfigError
+from common.metrics import JsonlWriter
+from common.protocol import (
+    MAX_FRAME_BYTES,
+    Ack,
+    Error,
+    ErrorCode,
+    Hello,
+    Message,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+    decode,
+    encode,
+    join_envelope,
+    split_envelope,
+)
+from common.sharding import shard_ranges
+from server.shard import Refused, ShardState
+
+log = logging.getLogger("ps.server")
+
+POLL_MS = 200
+# PULLs parked for future rounds; more than this is refused (a peer cannot grow memory).
+MAX_PARKED = 4096
+ROLES = ("worker", "evaluator", "proxy", "monitor")
+
+
+@dataclass
+class ServerOptions:
+    """How one server node runs (everything but the shared run configuration)."""
+
+    shard: int
+    bind: str
+    out_dir: Path | None = None
+    ready_file: Path | None = None
+    linger_s: float = 30.0
+
+
+@dataclass
+class _Parked:
+    envelope: list[Any]
+    round: int
+
+
+@dataclass
+class _Traffic:
+    bytes_in: int = 0
+    requests: Counter[str] = field(default_factory=Counter)
+
+
+class ServerNode:
+    """One shard's server process: owns the socket, the shard state and the metrics."""
+
+    def __init__(self, cfg: RunConfig, options: ServerOptions, initial: np.ndarray) -> None:
+        start, stop = shard_ranges(initial.size, cfg.num_shards)[options.shard]
+        self.cfg = cfg
+        self.options = options
+        self.start, self.stop, self.d = start, stop, initial.size
+        self.state = ShardState(cfg, options.shard, initial[start:stop])
+        self.parked: list[_Parked] = []
+        self.traffic = _Traffic()
+        self.evaluators_waiting: set[bytes] = set()
+        self.stop_event = threading.Event()
+        out = options.out_dir
+        self.metrics = JsonlWriter(out / f"server-{options.shard}.jsonl" if out else None)
+        self.endpoint = ""
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until the last round is done (plus linger) or a stop is requested."""
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        try:
+            try:
+                sock.bind(self.options.bind)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"cannot bind {self.options.bind}: {exc}") from exc
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            log.info(
+                "shard %d/%d [%d, %d) of d=%d listening on %s (rule %s, n=%d, q=%d, %d rounds)",
+                self.state.shard, self.cfg.num_shards, self.start, self.stop, self.d,
+                self.endpoint, self.cfg.rule, self.cfg.num_workers, self.cfg.q, self.cfg.rounds,
+            )
+            self._write_ready_file()
+            self._serve(sock)
+        finally:
+            self._save_final()
+            sock.close(linger=1000)
+            self.metrics.close()
+
+    def request_stop(self, *_: Any) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def _serve(self, sock: zmq.Socket) -> None:
+        finished_at: float | None = None
+        while not self.stop_event.is_set():
+            if self.state.finished:
+                finished_at = finished_at or time.monotonic()
+                lingering = time.monotonic() - finished_at < self.options.linger_s
+                if not lingering or not self._someone_may_read():
+                    log.info("run finished after %d rounds; exiting", self.cfg.rounds)
+                    return
+            if sock.poll(POLL_MS, zmq.POLLIN):
+                # drain what is queued before checking the clock again
+                while sock.poll(0, zmq.POLLIN):
+                    self._handle(sock, sock.recv_multipart(copy=False))
+
+    def _someone_may_read(self) -> bool:
+        """Linger for an evaluator that said hello but has not read the final round."""
+        return bool(self.evaluators_waiting)
+
+    # -- requests ----------------------------------------------------------------
+
+    def _handle(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        self.traffic.bytes_in += sum(len(f) for f in frames)
+        try:
+            envelope, body = split_envelope(frames)
+        except ProtocolError as exc:
+            # without a delimiter the reply route is unknown (the first frame is the
+            # peer's identity, so reply there if present)
+            self._count("malformed")
+            log.warning("malformed message (%s)", exc)
+            if frames:
+                self._send(sock, [frames[0]], Error(ErrorCode.MALFORMED.value, str(exc)))
+            return
+        try:
+            msg = decode(body)
+        except ProtocolError as exc:
+            self._count("malformed")
+            log.warning("malformed message: %s", exc)
+            self._send(sock, envelope, self._error(ErrorCode.MALFORMED, str(exc)))
+            return
+        header = msg.header
+        self.traffic.requests[type(header).__name__] += 1
+        try:
+            if isinstance(header, Hello):
+                self._on_hello(sock, envelope, header)
+            elif isinstance(header, Pull):
+                self._on_pull(sock, envelope, header)
+            elif isinstance(header, Push):
+                self._on_push(sock, envelope, msg)
+            elif isinstance(header, Status):
+                self._send(sock, envelope, self._status())
+            else:
+                raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
+        except Refused as exc:
+            self._count(exc.code.value)
+            log.debug("refused %s: %s", type(header).__name__, exc)
+            self._send(sock, envelope, self._error(exc.code, str(exc)))
+
+    def _on_hello(self, sock: zmq.Socket, envelope: list[Any], hello: Hello) -> None:
+        if hello.role not in ROLES:
+            raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
+        if hello.config_hash != self.cfg.config_hash:
+            diffs = self.cfg.differences(hello.config) if hello.config else []
+            detail = "; ".join(diffs) if diffs else "no settings sent to compare"
+            raise Refused(
+                ErrorCode.CONFIG_MISMATCH,
+                f"configuration hash {hello.config_hash} != server's {self.cfg.config_hash} "
+                f"(server vs peer: {detail})",
+            )
+        if hello.role == "worker" and not 0 <= hello.worker < self.cfg.num_workers:
+            raise Refused(
+                ErrorCode.UNKNOWN_WORKER,
+                f"worker {hello.worker} is not in 0..{self.cfg.num_workers - 1}",
+            )
+        if hello.role == "evaluator":
+            self.evaluators_waiting.add(bytes(envelope[-1]))
+        log.info("hello from %s %d", hello.role, hello.worker)
+        self._send(
+            sock,
+            envelope,
+            Welcome(
+                shard=self.state.shard,
+                num_shards=self.cfg.num_shards,
+                start=self.start,
+                stop=self.stop,
+                d=self.d,
+                round=self.state.round,
+                rounds=self.cfg.rounds,
+            ),
+        )
+
+    def _on_pull(self, sock: zmq.Socket, envelope: list[Any], pull: Pull) -> None:
+        params = self.state.params_at(pull.round)
+        if params is None:
+            if len(self.parked) >= MAX_PARKED:
+                raise Refused(ErrorCode.UNEXPECTED, f"too many parked PULLs ({MAX_PARKED})")
+            self.parked.append(_Parked(envelope, pull.round))
+            return
+        self._send_params(sock, envelope, pull.round, params)
+
+    def _on_push(self, sock: zmq.Socket, envelope: list[Any], msg: Message) -> None:
+        push: Push = msg.header  # type: ignore[assignment]
+        row = self.state.check_push(push.round, push.worker, push.length)
+        msg.tensor_into(row)
+        self.state.mark_received(push.worker)
+        self._send(sock, envelope, Ack(round=push.round, worker=push.worker))
+        if self.state.complete:
+            self._finish_round(sock)
+
+    def _finish_round(self, sock: zmq.Socket) -> None:
+        m = self.state.step()
+        self.metrics.write(
+            {
+                "time": time.time(),
+                "shard": self.state.shard,
+                "round": m.round,
+                "aggregation_ms": round(m.aggregation_ms, 3),
+                "nonfinite_values": m.nonfinite_values,
+                "params_finite": m.params_finite,
+                "bytes_in": self.traffic.bytes_in,
+                "errors": sum(self.state.counters.values()),
+                "rule_info": m.rule_info,
+            }
+        )
+        if m.round % 50 == 0 or self.state.finished:
+            log.info("round %d aggregated in %.2f ms", m.round, m.aggregation_ms)
+        waiting, self.parked = self.parked, []
+        for p in waiting:
+            if p.round == self.state.round:
+                self._send_params(sock, p.envelope, p.round, self.state.params)
+            else:
+                self.parked.append(p)
+
+    def _send_params(self, sock: zmq.Socket, envelope: list[Any], round_: int, params: np.ndarray):
+        header = Params(round=round_, shard=self.state.shard, length=params.size)
+        self._send(sock, envelope, header, params)
+        if round_ >= self.cfg.rounds:
+            self.evaluators_waiting.discard(bytes(envelope[-1]))
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _status(self) -> StatusReply:
+        return StatusReply(
+            shard=self.state.shard,
+            round=self.state.round,
+            rounds=self.cfg.rounds,
+            finished=self.state.finished,
+            pushes=np.flatnonzero(self.state.received).tolist(),
+            counters=dict(self.state.counters),
+        )
+
+    def _error(self, code: ErrorCode, message: str) -> Error:
+        return Error(code=code.value, message=message, round=self.state.round)
+
+    def _count(self, what: str) -> None:
+        self.state.counters[what] += 1
+
+    @staticmethod
+    def _send(sock: zmq.Socket, envelope: list[Any], header, tensor: np.ndarray | None = None):
+        sock.send_multipart(join_envelope(envelope, encode(header, tensor)), copy=False)
+
+    def _write_ready_file(self) -> None:
+        path = self.options.ready_file
+        if path is None:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.endpoint + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _save_final(self) -> None:
+        """Write the shard's parameters (atomically) so runs can be compared and resumed."""
+        if self.options.out_dir is None:
+            return
+        path = self.options.out_dir / f"shard-{self.state.shard}.npy"
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, self.state.params)
+        os.replace(tmp, path)
+        log.info("saved shard parameters of round %d to %s", self.state.round, path)

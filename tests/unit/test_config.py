@@ -1,0 +1,70 @@
+"""Run configuration: validation with precise errors, stable hash, differences."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import AttackConfig, RunConfig, default_q
+from common.errors import ConfigError
+
+
+def test_defaults_are_the_papers_setting() -> None:
+    cfg = RunConfig().validate()
+    assert (cfg.num_workers, cfg.q, cfg.lr, cfg.batch_size) == (20, 8, 0.1, 32)
+
+
+def test_q_defaults_per_rule() -> None:
+    assert default_q("krum", 20) == 8
+    assert default_q("bulyan", 20) == 4
+    assert default_q("marmed", 2) == 0
+    assert RunConfig(rule="bulyan").validate().q == 4
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"model": "resnet"}, "model"),
+        ({"dataset": "imagenet"}, "dataset"),
+        ({"num_workers": 0}, "num_workers"),
+        ({"lr": 0.0}, "lr"),
+        ({"rounds": 0}, "rounds"),
+        ({"q": 20}, "q must satisfy"),
+        ({"rule": "krum", "q": 9}, "2q+2 < n"),
+        ({"rule": "meamed", "q": 10}, "n=20"),
+        ({"rule": "nope"}, "nope"),
+    ],
+)
+def test_invalid_settings_name_the_problem(changes: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        RunConfig(**changes).validate()
+
+
+def test_hash_is_stable_and_sensitive() -> None:
+    a = RunConfig().validate()
+    assert a.config_hash == RunConfig().validate().config_hash
+    assert len(a.config_hash) == 16
+    b = RunConfig(lr=0.05).validate()
+    assert a.config_hash != b.config_hash
+    assert a.differences(b.to_dict()) == ["lr: 0.1 != 0.05"]
+    assert RunConfig.from_dict(a.to_dict()) == a
+    with pytest.raises(ConfigError, match="unknown"):
+        RunConfig.from_dict({**a.to_dict(), "bogus": 1})
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"worker_attack": "gaussian"}, "at least one byzantine"),
+        ({"worker_attack": "bogus", "byzantine_workers": (0,)}, "worker attack"),
+        ({"byzantine_workers": (20,), "worker_attack": "gaussian"}, "out of range"),
+        ({"byzantine_workers": (1, 1), "worker_attack": "gaussian"}, "duplicate"),
+        ({"proxy_attack": "omniscient", "proxy_shards": (0,)}, "proxy-victims"),
+        ({"proxy_attack": "gambler", "proxy_shards": (4,)}, "out of range"),
+        ({"gambler_p": 1.5}, "gambler p"),
+        ({"bitflip_bits": (32,)}, "0..31"),
+        ({"corrupt_params": True, "proxy_attack": "gaussian", "proxy_victims": (0,)}, "PARAMS"),
+    ],
+)
+def test_attack_settings_are_checked(settings: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        AttackConfig(**settings).validate(RunConfig().validate())

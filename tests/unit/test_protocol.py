@@ -1,0 +1,181 @@
+"""Wire protocol: every message round-trips; every malformed input raises ProtocolError."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.protocol import (
+    CHUNK_BYTES,
+    MAX_HEADER_BYTES,
+    PROTOCOL_VERSION,
+    Ack,
+    Error,
+    Hello,
+    Op,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+    decode,
+    encode,
+    join_envelope,
+    split_envelope,
+)
+
+HEADERS = [
+    Hello(role="worker", worker=3, config_hash="0123456789abcdef", config={"rule": "marmed"}),
+    Welcome(shard=1, num_shards=4, start=10, stop=20, d=40, round=7, rounds=500),
+    Pull(round=5, worker=2),
+    Ack(round=5, worker=2),
+    Status(),
+    StatusReply(shard=0, round=3, rounds=10, finished=False, pushes=[0, 2], counters={"dup": 1}),
+    Error(code="duplicate", message="worker 2 already pushed round 5", round=5),
+]
+
+
+def _bytes(frames) -> list[bytes]:
+    return [bytes(f) for f in frames]
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=lambda h: type(h).__name__)
+def test_headers_round_trip(header) -> None:
+    msg = decode(_bytes(encode(header)))
+    assert msg.header == header
+    assert msg.chunks == ()
+
+
+@pytest.mark.parametrize("length", [1, 7, 1000, CHUNK_BYTES // 4 + 3])
+@pytest.mark.parametrize("kind", ["push", "params"])
+def test_tensor_messages_round_trip(kind: str, length: int) -> None:
+    values = np.random.default_rng(length).standard_normal(length).astype(np.float32)
+    header = (
+        Push(round=2, worker=1, length=length)
+        if kind == "push"
+        else Params(round=2, shard=0, length=length)
+    )
+    frames = encode(header, values)
+    assert len(frames) == 1 + -(-length * 4 // CHUNK_BYTES)  # chunked, header first
+    msg = decode(_bytes(frames))
+    assert msg.header == header
+    np.testing.assert_array_equal(msg.tensor(), values)
+    out = np.empty(length, dtype=np.float32)
+    msg.tensor_into(out)
+    np.testing.assert_array_equal(out, values)
+
+
+def test_single_frame_decode_is_zero_copy() -> None:
+    values = np.arange(16, dtype=np.float32)
+    frames = _bytes(encode(Push(round=0, worker=0, length=16), values))
+    msg = decode(frames)
+    assert np.shares_memory(msg.tensor(), np.frombuffer(frames[1], dtype=np.uint8))
+
+
+def test_non_finite_values_travel_unchanged() -> None:
+    values = np.array([np.nan, np.inf, -np.inf, -1e20, 0.0], dtype=np.float32)
+    msg = decode(_bytes(encode(Push(round=0, worker=0, length=5), values)))
+    np.testing.assert_array_equal(msg.tensor().view(np.uint32), values.view(np.uint32))
+
+
+def _header(**body) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+MALFORMED = {
+    "empty": [],
+    "garbage header": [b"\xc1\xff\x00garbage"],
+    "not a map": [msgpack.packb([1, 2, 3])],
+    "no version": [_header(op=int(Op.STATUS))],
+    "wrong version": [_header(v=PROTOCOL_VERSION + 1, op=int(Op.STATUS))],
+    "unknown op": [_header(v=PROTOCOL_VERSION, op=99)],
+    "op not an int": [_header(v=PROTOCOL_VERSION, op="PUSH")],
+    "missing field": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL))],
+    "unknown field": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round=1, worker=0, x=1)],
+    "wrong type": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round="1", worker=0)],
+    "bool for int": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round=True, worker=0)],
+    "payload too short": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=4),
+        b"\x00" * 12,
+    ],
+    "payload too long": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=1),
+        b"\x00" * 8,
+    ],
+    "no payload": [_header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=1)],
+    "zero length": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=0), b""
+    ],
+    "negative length": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=-1), b""
+    ],
+    "oversize length": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=1 << 40),
+        b"\x00" * 4,
+    ],
+    "oversize chunk": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0,
+                length=CHUNK_BYTES // 4 + 1),
+        b"\x00" * (CHUNK_BYTES + 4),
+    ],
+    "tensor on a pull": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round=0, worker=0), b"x"],
+    "oversize header": [b"\x00" * (MAX_HEADER_BYTES + 1)],
+    "list of strings for pushes": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.STATUS_REPLY), shard=0, round=0, rounds=1,
+                finished=False, pushes=["a"], counters={})
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_messages_raise_protocol_error(name: str) -> None:
+    with pytest.raises(ProtocolError):
+        decode(MALFORMED[name])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=4))
+def test_random_garbage_never_raises_anything_but_protocol_error(frames: list[bytes]) -> None:
+    try:
+        decode(frames)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["v", "op", "round", "worker", "length", "role", "config", "x"]),
+        st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.booleans(),
+                  st.none(), st.lists(st.integers(), max_size=3)),
+    ),
+    st.lists(st.binary(max_size=16), max_size=2),
+)
+def test_random_headers_never_raise_anything_but_protocol_error(body, payload) -> None:
+    try:
+        decode([msgpack.packb(body), *payload])
+    except ProtocolError:
+        pass
+
+
+def test_envelope_split_and_join() -> None:
+    frames = join_envelope([b"proxy", b"worker"], [b"header", b"data"])
+    assert frames == [b"proxy", b"worker", b"", b"header", b"data"]
+    envelope, body = split_envelope(frames)
+    assert envelope == [b"proxy", b"worker"] and body == [b"header", b"data"]
+    with pytest.raises(ProtocolError):
+        split_envelope([b"id", b"header"])
+
+
+def test_encode_checks_the_tensor() -> None:
+    with pytest.raises(ValueError):
+        encode(Push(round=0, worker=0, length=3), np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError):
+        encode(Push(round=0, worker=0, length=3))
+    with pytest.raises(ValueError):
+        encode(Pull(round=0, worker=0), np.zeros(1, dtype=np.float32))

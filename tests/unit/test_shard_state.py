@@ -1,0 +1,98 @@
+"""The server's round logic without sockets: validation, aggregation step, history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.protocol import ErrorCode
+from server.shard import HISTORY_ROUNDS, Refused, ShardState
+
+
+def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5) -> ShardState:
+    cfg = RunConfig(dataset="synthetic", num_workers=n, num_shards=1, rule=rule, q=0,
+                    lr=lr, rounds=rounds).validate()
+    return ShardState(cfg, 0, np.ones(4, dtype=np.float32))
+
+
+def _push_all(state: ShardState, rows: list[list[float]]) -> None:
+    for i, row in enumerate(rows):
+        state.push(state.round, i, np.asarray(row, dtype=np.float32))
+
+
+def test_step_applies_lr_times_aggregate() -> None:
+    state = _state("mean")
+    _push_all(state, [[1, 2, 3, 4], [3, 2, 1, 0], [2, 2, 2, 2]])
+    assert state.complete
+    metrics = state.step()
+    np.testing.assert_allclose(state.params, 1 - 0.5 * np.array([2, 2, 2, 2]))
+    assert metrics.round == 0 and state.round == 1 and not state.complete
+    assert metrics.nonfinite_values == 0 and metrics.params_finite
+
+
+def test_marmed_ignores_a_minority_of_huge_values() -> None:
+    state = _state("marmed")
+    _push_all(state, [[1, 1, 1, 1], [-1e20, np.nan, np.inf, 1], [1, 1, 1, 1]])
+    metrics = state.step()
+    np.testing.assert_array_equal(state.params, np.full(4, 0.5, dtype=np.float32))
+    assert metrics.nonfinite_values == 2
+
+
+@pytest.mark.parametrize(
+    ("round_", "worker", "length", "code"),
+    [
+        (0, 5, 4, ErrorCode.UNKNOWN_WORKER),
+        (0, -1, 4, ErrorCode.UNKNOWN_WORKER),
+        (1, 0, 4, ErrorCode.WRONG_ROUND),
+        (0, 0, 3, ErrorCode.WRONG_LENGTH),
+    ],
+)
+def test_bad_pushes_are_refused(round_: int, worker: int, length: int, code: ErrorCode) -> None:
+    state = _state()
+    with pytest.raises(Refused) as info:
+        state.check_push(round_, worker, length)
+    assert info.value.code is code
+
+
+def test_duplicate_and_stale_pushes_are_refused() -> None:
+    state = _state()
+    state.push(0, 1, np.zeros(4, dtype=np.float32))
+    with pytest.raises(Refused) as info:
+        state.push(0, 1, np.zeros(4, dtype=np.float32))
+    assert info.value.code is ErrorCode.DUPLICATE
+    state.push(0, 0, np.zeros(4, dtype=np.float32))
+    state.push(0, 2, np.zeros(4, dtype=np.float32))
+    state.step()
+    with pytest.raises(Refused) as info:
+        state.check_push(0, 0, 4)
+    assert info.value.code is ErrorCode.STALE_ROUND
+
+
+def test_history_keeps_recent_rounds_and_refuses_older() -> None:
+    state = _state(rounds=10)
+    snapshots = {0: state.params.copy()}
+    for t in range(HISTORY_ROUNDS + 2):
+        _push_all(state, [[t, t, t, t]] * 3)
+        state.step()
+        snapshots[t + 1] = state.params.copy()
+    current = state.round
+    for r in range(current - HISTORY_ROUNDS + 1, current + 1):
+        np.testing.assert_array_equal(state.params_at(r), snapshots[r])
+    assert state.params_at(current + 1) is None  # future: parked by the node
+    with pytest.raises(Refused) as info:
+        state.params_at(0)
+    assert info.value.code is ErrorCode.STALE_ROUND
+    with pytest.raises(Refused) as info:
+        state.params_at(11)
+    assert info.value.code is ErrorCode.WRONG_ROUND
+
+
+def test_finished_shard_refuses_pushes() -> None:
+    state = _state(rounds=1)
+    _push_all(state, [[0, 0, 0, 0]] * 3)
+    state.step()
+    assert state.finished
+    with pytest.raises(Refused) as info:
+        state.check_push(1, 0, 4)
+    assert info.value.code is ErrorCode.FINISHED

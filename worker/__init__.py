@@ -1,0 +1,1 @@
+"""The worker role (gradient computation) and the evaluator (a read-only worker)."""

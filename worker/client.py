@@ -1,0 +1,267 @@
+"""Client side of the protocol: one DEALER per server (or per proxy standing in for one).
+
+Requests to the S servers go out together and their replies are gathered with
+one poller. Every request has a timeout; on timeout the socket is closed with
+LINGER=0, reopened and the request resent (the ZeroMQ guide's Lazy Pirate
+pattern), up to ``retries`` times, after which ``ClusterTimeout`` is raised.
+Resent pushes are idempotent: the server answers DUPLICATE (or STALE once the
+round moved on, which in synchronous SGD implies the push was counted), and
+both count as accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from common.config import RunConfig
+from common.errors import ClusterTimeout, ConfigError, PeerError
+from common.protocol import (
+    MAX_FRAME_BYTES,
+    Ack,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Message,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("ps.client")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Timeout per attempt (seconds) and how many times a request is resent."""
+
+    timeout_s: float = 60.0
+    retries: int = 3
+
+
+class Link:
+    """A DEALER socket to one endpoint that can be thrown away and reopened."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.socket = self._open()
+
+    def _open(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        sock.connect(self.endpoint)
+        return sock
+
+    def reopen(self) -> None:
+        self.socket.close(linger=0)
+        self.socket = self._open()
+
+    def send(self, frames: list) -> None:
+        self.socket.send_multipart([b"", *frames], copy=False)
+
+    def receive(self) -> Message:
+        frames = self.socket.recv_multipart(copy=False)
+        if not frames or len(frames[0]) != 0:
+            raise ProtocolError("reply without the empty delimiter frame")
+        return decode(frames[1:])
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class ServerRefused(PeerError):
+    """A server answered ERROR: its code, message and current round."""
+
+    def __init__(self, endpoint: str, error: Error) -> None:
+        super().__init__(f"{endpoint} refused: [{error.code}] {error.message}")
+        self.code = error.code
+        self.round = error.round
+
+
+# What to do with a reply: return the value to keep, or raise.
+ReplyCheck = Callable[[Message], object]
+
+
+class ClusterClient:
+    """Talks to the S shard endpoints of one run on behalf of a worker or evaluator."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        cfg: RunConfig,
+        role: str,
+        worker: int,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        if len(endpoints) != cfg.num_shards:
+            raise ConfigError(
+                f"{len(endpoints)} server endpoints given for S={cfg.num_shards} shards"
+            )
+        self.cfg = cfg
+        self.role = role
+        self.worker = worker
+        self.policy = policy or RetryPolicy()
+        self.ctx = zmq.Context.instance()
+        self.links = [Link(self.ctx, e) for e in endpoints]
+        self.ranges: list[tuple[int, int]] = []
+        self.d = 0
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+
+    # -- operations --------------------------------------------------------------
+
+    def hello(self) -> list[Welcome]:
+        """Handshake with every shard; learn the shard ranges and d."""
+        hello = Hello(
+            role=self.role,
+            worker=self.worker,
+            config_hash=self.cfg.config_hash,
+            config=self.cfg.to_dict(),
+        )
+        welcomes = self._gather([hello] * len(self.links), _expect_welcome)
+        for s, w in enumerate(welcomes):
+            if w.shard != s or w.num_shards != self.cfg.num_shards:
+                raise ConfigError(
+                    f"endpoint {self.links[s].endpoint} serves shard {w.shard} of {w.num_shards}, "
+                    f"expected shard {s} of {self.cfg.num_shards} (check the endpoint order)"
+                )
+        self.ranges = [(w.start, w.stop) for w in welcomes]
+        self.d = welcomes[0].d
+        return welcomes
+
+    def pull(self, round_: int) -> np.ndarray:
+        """The full parameter vector x^t, assembled from every shard's PARAMS(t)."""
+        x = np.empty(self.d, dtype=np.float32)
+
+        def store(s: int) -> ReplyCheck:
+            def check(msg: Message) -> None:
+                h = _expect(msg, Params)
+                start, stop = self.ranges[s]
+                if h.round != round_ or h.length != stop - start:
+                    raise PeerError(
+                        f"shard {s} sent round {h.round} with {h.length} values, expected round "
+                        f"{round_} with {stop - start}"
+                    )
+                msg.tensor_into(x[start:stop])
+
+            return check
+
+        self._gather(
+            [Pull(round=round_, worker=self.worker)] * len(self.links),
+            [store(s) for s in range(len(self.links))],
+        )
+        return x
+
+    def push(self, round_: int, gradient: np.ndarray) -> None:
+        """Send each shard its slice of the gradient for ``round_``; wait for the ACKs."""
+        headers, tensors = [], []
+        for start, stop in self.ranges:
+            headers.append(Push(round=round_, worker=self.worker, length=stop - start))
+            tensors.append(gradient[start:stop])
+        self._gather(headers, _expect_ack, tensors, idempotent=True)
+
+    def status(self) -> list[StatusReply]:
+        return self._gather([Status()] * len(self.links), lambda m: _expect(m, StatusReply))
+
+    # -- machinery ---------------------------------------------------------------
+
+    def _gather(
+        self,
+        headers: list[Header],
+        checks: ReplyCheck | list[ReplyCheck],
+        tensors: list[np.ndarray] | None = None,
+        idempotent: bool = False,
+    ) -> list:
+        """Send ``headers[s]`` to shard s, collect one accepted reply per shard.
+
+        ``idempotent``: a resent request refused as DUPLICATE/STALE counts as accepted.
+        """
+        count = len(self.links)
+        checks = checks if isinstance(checks, list) else [checks] * count
+        frames = [encode(h, None if tensors is None else tensors[s]) for s, h in enumerate(headers)]
+        results: list = [None] * count
+        pending = set(range(count))
+        for attempt in range(self.policy.retries + 1):
+            for s in pending:
+                if attempt:
+                    log.warning(
+                        "no reply from %s in %.1f s; reconnecting (retry %d/%d)",
+                        self.links[s].endpoint, self.policy.timeout_s, attempt,
+                        self.policy.retries,
+                    )
+                    self.links[s].reopen()
+                self.links[s].send(frames[s])
+            self._collect(pending, results, checks, resent=idempotent and attempt > 0)
+            if not pending:
+                return results
+        names = ", ".join(self.links[s].endpoint for s in sorted(pending))
+        raise ClusterTimeout(
+            f"{type(headers[0]).__name__} got no reply from {names} after "
+            f"{self.policy.retries + 1} attempts of {self.policy.timeout_s:g} s"
+        )
+
+    def _collect(self, pending: set[int], results: list, checks: list[ReplyCheck], resent: bool):
+        poller = zmq.Poller()
+        by_socket = {}
+        for s in pending:
+            poller.register(self.links[s].socket, zmq.POLLIN)
+            by_socket[self.links[s].socket] = s
+        deadline = time.monotonic() + self.policy.timeout_s
+        while pending:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return
+            for sock, _ in poller.poll(remaining_ms):
+                s = by_socket[sock]
+                endpoint = self.links[s].endpoint
+                try:
+                    msg = self.links[s].receive()
+                except ProtocolError as exc:
+                    raise PeerError(f"{endpoint} sent a malformed reply: {exc}") from exc
+                header = msg.header
+                if isinstance(header, Error):
+                    if not _accepted_on_resend(header, resent):
+                        if header.code == ErrorCode.CONFIG_MISMATCH.value:
+                            raise ConfigError(f"{endpoint} refused: {header.message}")
+                        raise ServerRefused(endpoint, header)
+                    results[s] = None
+                else:
+                    results[s] = checks[s](msg)
+                pending.discard(s)
+                poller.unregister(sock)
+
+
+def _accepted_on_resend(error: Error, resent: bool) -> bool:
+    """A resent push refused as DUPLICATE/STALE was counted by the server the first time."""
+    return resent and error.code in (ErrorCode.DUPLICATE.value, ErrorCode.STALE_ROUND.value)
+
+
+def _expect(msg: Message, kind: type) -> Header:
+    header = msg.header
+    if not isinstance(header, kind):
+        raise PeerError(f"expected {kind.__name__}, got {type(header).__name__}")
+    return header
+
+
+def _expect_welcome(msg: Message) -> Welcome:
+    return _expect(msg, Welcome)  # type: ignore[return-value]
+
+
+def _expect_ack(msg: Message) -> Ack:
+    return _expect(msg, Ack)  # type: ignore[return-value]

@@ -1,0 +1,107 @@
+"""The evaluator: a read-only client that measures the model every k rounds.
+
+It pulls a consistent snapshot x^t from every shard (servers keep a few past
+rounds so a lagging reader still gets round t everywhere), and writes test
+loss, top-1 and top-3 accuracy as JSON lines: the record that tells whether
+training survived the attack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.config import RunConfig
+from common.data import Dataset, load_dataset
+from common.metrics import JsonlWriter
+from common.models import build_model, load_flat_parameters
+from common.protocol import ErrorCode
+from worker.client import ClusterClient, RetryPolicy, ServerRefused
+
+log = logging.getLogger("ps.evaluator")
+
+EVAL_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Test-set figures of one parameter vector."""
+
+    loss: float
+    top1: float
+    top3: float
+
+
+class Evaluator:
+    """Evaluates flat parameter vectors on the test set (or its first ``max_samples``)."""
+
+    def __init__(self, cfg: RunConfig, dataset: Dataset, max_samples: int | None = None) -> None:
+        self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
+        count = len(dataset.test_y) if max_samples is None else min(max_samples, len(dataset.test_y))
+        self.x = dataset.test_x[:count]
+        self.y = dataset.test_y[:count]
+
+    @torch.no_grad()
+    def evaluate(self, params: np.ndarray) -> Evaluation:
+        load_flat_parameters(self.model, torch.from_numpy(params))
+        self.model.eval()
+        loss_sum, top1, top3 = 0.0, 0, 0
+        for i in range(0, len(self.y), EVAL_BATCH):
+            logits = self.model(self.x[i : i + EVAL_BATCH])
+            target = self.y[i : i + EVAL_BATCH]
+            loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+            best = logits.topk(min(3, logits.shape[1]), dim=1).indices
+            top1 += int((best[:, 0] == target).sum())
+            top3 += int((best == target[:, None]).any(dim=1).sum())
+        count = len(self.y)
+        return Evaluation(loss=loss_sum / count, top1=top1 / count, top3=top3 / count)
+
+
+def run_evaluator(
+    cfg: RunConfig,
+    endpoints: list[str],
+    data_dir: str | None,
+    every: int,
+    policy: RetryPolicy,
+    out_dir: Path | None,
+    max_samples: int | None = None,
+) -> None:
+    """Evaluate rounds 0, k, 2k, ... and the last round; write ``evaluator.jsonl``."""
+    dataset = load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+    evaluator = Evaluator(cfg, dataset, max_samples)
+    client = ClusterClient(endpoints, cfg, "evaluator", -1, policy)
+    metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)
+    try:
+        client.hello()
+        t = 0
+        while True:
+            try:
+                params = client.pull(t)
+            except ServerRefused as exc:
+                if exc.code != ErrorCode.STALE_ROUND.value:
+                    raise
+                t = _next_round(exc.round, every, cfg.rounds)  # fell behind: catch up
+                log.warning("round no longer available; skipping to round %d", t)
+                continue
+            result = evaluator.evaluate(params)
+            metrics.write({"time": time.time(), "round": t, "loss": result.loss,
+                           "top1": result.top1, "top3": result.top3})
+            log.info("round %d: test loss %.4f top-1 %.4f top-3 %.4f",
+                     t, result.loss, result.top1, result.top3)
+            if t >= cfg.rounds:
+                return
+            t = _next_round(t + 1, every, cfg.rounds)
+    finally:
+        client.close()
+        metrics.close()
+
+
+def _next_round(at_least: int, every: int, last: int) -> int:
+    """The first multiple of ``every`` >= ``at_least``, capped at the last round."""
+    return min(-(-at_least // every) * every, last)

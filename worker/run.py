@@ -1,0 +1,71 @@
+"""The worker loop: pull x^t from every shard, compute a gradient, push its shards."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from common.config import AttackConfig, RunConfig
+from common.data import load_dataset
+from common.errors import ConfigError
+from common.metrics import JsonlWriter
+from worker.byzantine import byzantine_gradient
+from worker.client import ClusterClient, RetryPolicy
+from worker.trainer import GradientComputer
+
+log = logging.getLogger("ps.worker")
+
+
+def run_worker(
+    cfg: RunConfig,
+    attack: AttackConfig,
+    endpoints: list[str],
+    worker: int,
+    data_dir: str | None,
+    policy: RetryPolicy,
+    out_dir: Path | None,
+) -> None:
+    """Train as worker ``worker`` until the last round (or resume where the servers are)."""
+    if not 0 <= worker < cfg.num_workers:
+        raise ConfigError(f"worker id must be in 0..{cfg.num_workers - 1}, got {worker}")
+    dataset = load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+    computer = GradientComputer(cfg, dataset)
+    byzantine = attack.is_byzantine(worker)
+    client = ClusterClient(endpoints, cfg, "worker", worker, policy)
+    metrics = JsonlWriter(out_dir / f"worker-{worker}.jsonl" if out_dir else None)
+    try:
+        welcomes = client.hello()
+        if client.d != computer.d:
+            raise ConfigError(
+                f"servers hold d={client.d} parameters, this worker's model has {computer.d}"
+            )
+        start = min(w.round for w in welcomes)
+        log.info(
+            "worker %d of %d%s: %d shards, d=%d, starting at round %d",
+            worker, cfg.num_workers,
+            f" (byzantine: {attack.worker_attack})" if byzantine else "",
+            len(endpoints), client.d, start,
+        )
+        for t in range(start, cfg.rounds):
+            began = time.perf_counter()
+            x = client.pull(t)
+            pulled = time.perf_counter()
+            if byzantine:
+                g = byzantine_gradient(cfg, attack, computer, x, t, worker)
+                loss = float("nan")
+            else:
+                g, loss = computer.gradient(x, t, worker)
+            computed = time.perf_counter()
+            client.push(t, g)
+            done = time.perf_counter()
+            metrics.write({
+                "round": t, "loss": loss, "pull_ms": (pulled - began) * 1e3,
+                "compute_ms": (computed - pulled) * 1e3, "push_ms": (done - computed) * 1e3,
+            })
+            if t % 100 == 0:
+                log.info("round %d loss %.4f", t, loss)
+        log.info("done after %d rounds", cfg.rounds)
+    finally:
+        client.close()
+        metrics.close()

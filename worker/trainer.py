@@ -1,0 +1,47 @@
+"""Stochastic gradients of the model on one worker's data partition.
+
+Worker i at round t computes g_i^t = grad f(x^t; minibatch) where the minibatch
+is drawn from its own iid partition of the training set with a stream derived
+from (seed, worker, round), and dropout (CNN) draws from a stream derived from
+the same coordinates: the same gradient in a worker process and in the
+in-process reference engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.config import RunConfig
+from common.data import Dataset, minibatch_indices, partition_indices
+from common.models import build_model, flatten_gradients, load_flat_parameters
+from common.seeding import derive_int_seed
+
+
+class GradientComputer:
+    """Computes any worker's gradient at given parameters (one model, reused)."""
+
+    def __init__(self, cfg: RunConfig, dataset: Dataset) -> None:
+        self.cfg = cfg
+        self.dataset = dataset
+        self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
+        self.partitions = partition_indices(len(dataset.train_y), cfg.num_workers, cfg.seed)
+        self.d = sum(p.numel() for p in self.model.parameters())
+
+    def gradient(self, x: np.ndarray, round_: int, worker: int) -> tuple[np.ndarray, float]:
+        """(g_worker^round as float32 (d,), minibatch loss) at parameters ``x``."""
+        load_flat_parameters(self.model, torch.from_numpy(x))
+        self.model.train()
+        self.model.zero_grad(set_to_none=True)
+        idx = minibatch_indices(
+            self.partitions[worker], self.cfg.batch_size, self.cfg.seed, worker, round_
+        )
+        index = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+        inputs = self.dataset.train_x.index_select(0, index)
+        targets = self.dataset.train_y.index_select(0, index)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_int_seed(self.cfg.seed, "dropout", worker, round_))
+            loss = F.cross_entropy(self.model(inputs), targets)
+        loss.backward()
+        return flatten_gradients(self.model).numpy(), float(loss.detach())
