@@ -207,7 +207,13 @@ class ClusterClient:
                     )
                     self.links[s].reopen()
                 self.links[s].send(frames[s])
-            self._collect(pending, results, checks, resent=idempotent and attempt > 0)
+            try:
+                self._collect(pending, results, checks, resent=idempotent and attempt > 0)
+            except Exception:
+                # replies still due would be read as answers to the next request
+                for s in pending:
+                    self.links[s].reopen()
+                raise
             if not pending:
                 return results
         names = ", ".join(self.links[s].endpoint for s in sorted(pending))

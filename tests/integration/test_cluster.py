@@ -44,19 +44,21 @@ def test_training_across_two_shards_rises_well_above_chance(tmp_path: Path) -> N
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-GAMBLER = AttackConfig(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.01)
+# With n=7 a coordinate needs 4 corrupted values to move MarMed out of the honest range:
+# at p=0.002 that is ~3e-5 coordinates per round, while ~800 values are corrupted.
+GAMBLER = AttackConfig(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.002)
 
 
 def test_gambler_proxy_marmed_survives(tmp_path: Path) -> None:
-    _, _, result = _run(tmp_path, GAMBLER, rule="marmed")
-    corrupted = sum(r["corrupted_values"] for r in read_jsonl(tmp_path / "run" / "proxy-0.jsonl"))
-    assert corrupted > 100  # the proxy really attacked every round
+    _, _, result = _run(tmp_path, GAMBLER, rule="marmed", num_workers=7)
+    proxy = read_jsonl(tmp_path / "run" / "proxy-0.jsonl")
+    assert len(proxy) == 40 and all(r["corrupted_values"] > 100 for r in proxy)
     assert np.isfinite(result.params).all()
     assert result.evaluations[-1]["top1"] > 0.6
 
 
 def test_gambler_proxy_mean_fails(tmp_path: Path) -> None:
-    _, _, result = _run(tmp_path, GAMBLER, rule="mean")
+    _, _, result = _run(tmp_path, GAMBLER, rule="mean", num_workers=7)
     final = result.evaluations[-1]
     assert not np.isfinite(result.params).all() or final["top1"] < 2 * CHANCE
     assert math.isnan(final["loss"]) or final["top1"] < 2 * CHANCE
