@@ -170,7 +170,9 @@ class AttackConfig:
             all(0 <= b <= 31 for b in self.bitflip_bits) and len(self.bitflip_bits) > 0,
             f"bit-flip bits must be 0..31, got {self.bitflip_bits}",
         )
-        _require(self.bitflip_coords >= 0, f"bit-flip coords must be >= 0, got {self.bitflip_coords}")
+        _require(
+            self.bitflip_coords >= 0, f"bit-flip coords must be >= 0, got {self.bitflip_coords}"
+        )
         _require(self.gaussian_sd >= 0, f"gaussian sd must be >= 0, got {self.gaussian_sd}")
         _require(
             not self.corrupt_params or self.proxy_attack in ("gambler", "bitflip"),

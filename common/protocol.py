@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, ClassVar, Union
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
@@ -40,7 +40,7 @@ MAX_ELEMENTS = 1 << 28
 # Largest single inbound frame a socket accepts (zmq.MAXMSGSIZE): a chunk or a header.
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES)
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class ProtocolError(Exception):
@@ -173,7 +173,7 @@ class Error:
     round: int = -1
 
 
-Header = Union[Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error]
+Header = Hello | Welcome | Pull | Params | Push | Ack | Status | StatusReply | Error
 HEADER_TYPES: dict[Op, type] = {
     t.op: t for t in (Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error)
 }
@@ -198,7 +198,9 @@ class Message:
 
 def encode(header: Header, tensor: np.ndarray | None = None) -> list[Buffer]:
     """Frames for ``header`` (and the tensor of a PARAMS/PUSH message)."""
-    body = {"v": PROTOCOL_VERSION, "op": int(header.op), **asdict(header)}
+    body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
+    for name, *_ in _SCHEMAS[type(header)]:
+        body[name] = getattr(header, name)
     frames: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
     if header.op in _TENSOR_OPS:
         if tensor is None:
@@ -310,33 +312,43 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "list[int]": (list,),
 }
 
+# Per header type: (field name, annotation, allowed types, required), computed once.
+_SCHEMAS: dict[type, tuple[tuple[str, str, tuple[type, ...], bool], ...]] = {
+    cls: tuple(
+        (f.name, str(f.type), _FIELD_TYPES[str(f.type)],
+         f.default is MISSING and f.default_factory is MISSING)
+        for f in fields(cls)
+    )
+    for cls in HEADER_TYPES.values()
+}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 def _build_header(cls: type, body: dict[str, Any]) -> Header:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(body) - names)
-    if unknown:
+    schema = _SCHEMAS[cls]
+    if len(body) > len(schema) or not set(body) <= {name for name, *_ in schema}:
+        unknown = sorted(map(str, set(body) - {name for name, *_ in schema}))
         raise ProtocolError(f"{cls.__name__}: unknown fields {unknown}")
-    for f in fields(cls):
-        if f.name not in body:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise ProtocolError(f"{cls.__name__}: missing field {f.name!r}")
+    for name, annotation, allowed, required in schema:
+        if name not in body:
+            if required:
+                raise ProtocolError(f"{cls.__name__}: missing field {name!r}")
             continue
-        value = body[f.name]
-        allowed = _FIELD_TYPES[str(f.type)]
+        value = body[name]
         # bool is a subclass of int: refuse it where an int is expected
         if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
             raise ProtocolError(
-                f"{cls.__name__}.{f.name} must be {f.type}, got {type(value).__name__}"
+                f"{cls.__name__}.{name} must be {annotation}, got {type(value).__name__}"
             )
-        if f.type == "list[int]" and not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in value
+        if annotation == "list[int]" and not all(_is_int(x) for x in value):
+            raise ProtocolError(f"{cls.__name__}.{name} must hold integers")
+        if annotation == "dict[str, int]" and not all(
+            isinstance(k, str) and _is_int(x) for k, x in value.items()
         ):
-            raise ProtocolError(f"{cls.__name__}.{f.name} must hold integers")
-        if f.type == "dict[str, int]" and not all(
-            isinstance(k, str) and isinstance(x, int) and not isinstance(x, bool)
-            for k, x in value.items()
-        ):
-            raise ProtocolError(f"{cls.__name__}.{f.name} must map strings to integers")
+            raise ProtocolError(f"{cls.__name__}.{name} must map strings to integers")
     return cls(**body)
 
 

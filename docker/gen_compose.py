@@ -150,8 +150,9 @@ def render(n: int, s: int, options: dict) -> str:
                 build: bool = False) -> None:
         out.append(f"  {name}:")
         out.append("    <<: *node")
-        if build:
-            out.append("    build: .")
+        if build:  # one service builds the image; the others use it
+            out.extend(["    build:", "      context: .", "      args:",
+                        "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}"])
         out.append(f"    command: [{command}]")
         out.append("    environment:")
         out.append(f"      PS_LOG_NAME: {name}")
@@ -178,7 +179,7 @@ def render(n: int, s: int, options: dict) -> str:
             {"PS_SHARD": str(k), "PS_BIND": f"tcp://0.0.0.0:{PORT}",
              "PS_READY_FILE": READY_FILE},
             [],
-            build=k == 0,  # one service builds the image; the others use it
+            build=k == 0,
         )
     for k in proxies:
         service(

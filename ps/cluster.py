@@ -198,7 +198,7 @@ class Cluster:
                 args.append("--corrupt-params")
             self._child(f"proxy-{s}", "ps.proxy_cli", args)
             ready[s] = ready_file
-        for s, endpoint in zip(ready, self._await_endpoints(list(ready.values()))):
+        for s, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
             fronts[s] = endpoint
         return fronts
 

@@ -43,7 +43,9 @@ class ShardCorruptor:
         """True when the pushes of a round must all be seen before any is forwarded."""
         return self.kind == "omniscient"
 
-    def corrupt_push(self, round_: int, worker: int, values: np.ndarray) -> tuple[np.ndarray, int]:
+    def corrupt_push(
+        self, round_: int, worker: int, values: np.ndarray
+    ) -> tuple[np.ndarray, int]:
         """(values to forward, number of values changed) for one push."""
         if self.kind == "gaussian" and worker in self.attack.proxy_victims:
             rng = derive_rng(self.cfg.seed, "proxy-gaussian", round_, worker, self.shard)

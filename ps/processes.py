@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,10 +46,8 @@ class ManagedProcess:
 
     def signal(self, signum: int) -> None:
         if self.running:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def tail(self, lines: int = 15) -> list[str]:
         """The last ``lines`` lines of the process's log."""

@@ -148,7 +148,9 @@ class Proxy:
                     _, body = split_envelope(frames)
                     header = decode(body).header
                 except ProtocolError as exc:
-                    raise ConfigError(f"server {self.options.server} answered garbage: {exc}") from exc
+                    raise ConfigError(
+                        f"server {self.options.server} answered garbage: {exc}"
+                    ) from exc
                 if isinstance(header, Welcome):
                     return header
                 raise ConfigError(f"server {self.options.server} refused the proxy: {header}")
@@ -212,7 +214,7 @@ class Proxy:
         held = self.state.held.pop(round_)
         ordered = [held[i] for i in range(self.cfg.num_workers)]
         values, changed = self.corruptor.corrupt_round(round_, [h.values for h in ordered])
-        for h, v in zip(ordered, values):
+        for h, v in zip(ordered, values, strict=True):
             back.send_multipart([*h.envelope, b"", *encode(h.header, v)], copy=False)
         self._tally(round_, changed, pushes=len(ordered))
         for old in [r for r in self.state.held if r < round_]:

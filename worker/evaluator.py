@@ -43,7 +43,9 @@ class Evaluator:
 
     def __init__(self, cfg: RunConfig, dataset: Dataset, max_samples: int | None = None) -> None:
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
-        count = len(dataset.test_y) if max_samples is None else min(max_samples, len(dataset.test_y))
+        count = len(dataset.test_y)
+        if max_samples is not None:
+            count = min(max_samples, count)
         self.x = dataset.test_x[:count]
         self.y = dataset.test_y[:count]
 

@@ -28,6 +28,7 @@ class GradientComputer:
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
         self.partitions = partition_indices(len(dataset.train_y), cfg.num_workers, cfg.seed)
         self.d = sum(p.numel() for p in self.model.parameters())
+        self.uses_dropout = any(isinstance(m, torch.nn.Dropout) for m in self.model.modules())
 
     def gradient(self, x: np.ndarray, round_: int, worker: int) -> tuple[np.ndarray, float]:
         """(g_worker^round as float32 (d,), minibatch loss) at parameters ``x``."""
@@ -40,8 +41,14 @@ class GradientComputer:
         index = torch.from_numpy(np.asarray(idx, dtype=np.int64))
         inputs = self.dataset.train_x.index_select(0, index)
         targets = self.dataset.train_y.index_select(0, index)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_int_seed(self.cfg.seed, "dropout", worker, round_))
+        if self.uses_dropout:
+            with torch.random.fork_rng(devices=[]):
+                # the CPU generator only: torch.manual_seed also seeds CUDA lazily (~ms)
+                torch.random.default_generator.manual_seed(
+                    derive_int_seed(self.cfg.seed, "dropout", worker, round_)
+                )
+                loss = F.cross_entropy(self.model(inputs), targets)
+        else:
             loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
         return flatten_gradients(self.model).numpy(), float(loss.detach())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +21,7 @@ def test_shard_ranges_cover_contiguously_and_near_equally(d: int, s: int) -> Non
     ranges = shard_ranges(d, s)
     assert len(ranges) == s
     assert ranges[0][0] == 0 and ranges[-1][1] == d
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     sizes = [b - a for a, b in ranges]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
 
