@@ -64,7 +64,9 @@ class ShardCorruptor:
             out[worker] = forged[row]
         return out, len(victims) * honest.shape[1]
 
-    def corrupt_params(self, round_: int, worker: int, values: np.ndarray) -> tuple[np.ndarray, int]:
+    def corrupt_params(
+        self, round_: int, worker: int, values: np.ndarray
+    ) -> tuple[np.ndarray, int]:
         """PARAMS reply to ``worker`` (-1: the evaluator, never corrupted)."""
         if not self.attack.corrupt_params or worker < 0:
             return values, NO_CHANGE
