@@ -25,6 +25,7 @@ from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, PSError
 from common.metrics import read_jsonl
 from ps.processes import ManagedProcess, stop_all
+from server.checkpoint import checkpoint_path, load_checkpoint
 
 log = logging.getLogger("ps.cluster")
 
@@ -290,7 +291,8 @@ class Cluster:
     def _result(self) -> ClusterResult:
         from ps.simulate import params_digest
 
-        shards = [np.load(self.out / f"shard-{s}.npy") for s in range(self.spec.cfg.num_shards)]
+        shards = [load_checkpoint(checkpoint_path(self.out, s)).params
+                  for s in range(self.spec.cfg.num_shards)]
         params = np.concatenate(shards)
         result = ClusterResult(
             out_dir=self.out,

@@ -30,11 +30,17 @@ from common.errors import ConfigError
 @option("--linger", "linger_s", env="LINGER", default=30.0, type=float,
         help="After the last round, keep serving this long (seconds) while an evaluator "
         "has not read the final parameters.")
+@option("--checkpoint-every", env="CHECKPOINT_EVERY", default=1, type=click.IntRange(min=0),
+        help="Save the shard (shard-<s>.npz in --out-dir, atomically) every K rounds; "
+        "0: only at exit. It is always saved at exit and on SIGTERM.")
+@option("--resume", env="RESUME", is_flag=True,
+        help="Continue from the checkpoint in --out-dir, if any (workers re-push what "
+        "the restarted server lost).")
 @RUN_CONFIG_OPTIONS
 @option("--verbose", "-v", env="VERBOSE", is_flag=True, help="Debug logging.")
 @exits_cleanly
 def main(shard: int, bind: str, out_dir: Path | None, ready_file: Path | None, linger_s: float,
-         verbose: bool, **kwargs) -> None:
+         checkpoint_every: int, resume: bool, verbose: bool, **kwargs) -> None:
     """Run one server node: aggregate shard SHARD of the model with the robust rule.
 
     The node waits for the n workers' gradient shards of each round, aggregates
@@ -50,7 +56,8 @@ def main(shard: int, bind: str, out_dir: Path | None, ready_file: Path | None, l
     from server.node import ServerNode, ServerOptions
 
     options = ServerOptions(shard=shard, bind=bind, out_dir=out_dir, ready_file=ready_file,
-                            linger_s=linger_s)
+                            linger_s=linger_s, checkpoint_every=checkpoint_every,
+                            resume=resume)
     node = ServerNode(cfg, options, initial_parameters(cfg))
     node.install_signal_handlers()
     node.run()

@@ -44,6 +44,7 @@ from common.protocol import (
     split_envelope,
 )
 from common.sharding import shard_ranges
+from server.checkpoint import Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from server.shard import Refused, ShardState
 
 log = logging.getLogger("ps.server")
@@ -63,6 +64,8 @@ class ServerOptions:
     out_dir: Path | None = None
     ready_file: Path | None = None
     linger_s: float = 30.0
+    checkpoint_every: int = 1
+    resume: bool = False
 
 
 @dataclass
@@ -86,6 +89,8 @@ class ServerNode:
         self.options = options
         self.start, self.stop, self.d = start, stop, initial.size
         self.state = ShardState(cfg, options.shard, initial[start:stop])
+        if options.resume:
+            self._resume()
         self.parked: list[_Parked] = []
         self.traffic = _Traffic()
         self.evaluators_waiting: set[bytes] = set()
@@ -117,7 +122,7 @@ class ServerNode:
             self._write_ready_file()
             self._serve(sock)
         finally:
-            self._save_final()
+            self._save_checkpoint()
             sock.close(linger=1000)
             self.metrics.close()
 
@@ -251,6 +256,9 @@ class ServerNode:
                 "rule_info": m.rule_info,
             }
         )
+        every = self.options.checkpoint_every
+        if every and self.state.round % every == 0:
+            self._save_checkpoint()
         if m.round % 50 == 0 or self.state.finished:
             log.info("round %d aggregated in %.2f ms", m.round, m.aggregation_ms)
         waiting, self.parked = self.parked, []
@@ -296,12 +304,30 @@ class ServerNode:
         tmp.write_text(self.endpoint + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
-    def _save_final(self) -> None:
-        """Write the shard's parameters (atomically) so runs can be compared and resumed."""
+    def _save_checkpoint(self) -> None:
+        """Write the shard's parameters and round (atomically) to ``shard-<s>.npz``."""
         if self.options.out_dir is None:
             return
-        path = self.options.out_dir / f"shard-{self.state.shard}.npy"
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, self.state.params)
-        os.replace(tmp, path)
-        log.info("saved shard parameters of round %d to %s", self.state.round, path)
+        path = checkpoint_path(self.options.out_dir, self.state.shard)
+        save_checkpoint(path, Checkpoint(self.state.shard, self.state.round,
+                                         self.cfg.config_hash, self.state.params))
+
+    def _resume(self) -> None:
+        """Continue from the checkpoint in ``out_dir`` if there is one."""
+        if self.options.out_dir is None:
+            raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
+        path = checkpoint_path(self.options.out_dir, self.state.shard)
+        if not path.exists():
+            log.info("no checkpoint at %s; starting from round 0", path)
+            return
+        ckpt = load_checkpoint(path)
+        if ckpt.config_hash != self.cfg.config_hash or ckpt.shard != self.state.shard:
+            raise ConfigError(
+                f"checkpoint {path} is of shard {ckpt.shard} with configuration "
+                f"{ckpt.config_hash}, not shard {self.state.shard} with {self.cfg.config_hash}"
+            )
+        if ckpt.params.size != self.state.size:
+            raise ConfigError(f"checkpoint {path} holds {ckpt.params.size} values, "
+                              f"shard has {self.state.size}")
+        self.state.restore(ckpt.round, ckpt.params)
+        log.info("resumed from %s at round %d", path, ckpt.round)

@@ -59,6 +59,15 @@ class ShardState:
         self.history: dict[int, np.ndarray] = {0: self.params}
         self.counters: Counter[str] = Counter()
 
+    def restore(self, round_: int, params: np.ndarray) -> None:
+        """Continue at ``round_`` with ``params`` (from a checkpoint)."""
+        if not 0 <= round_ <= self.cfg.rounds:
+            raise ValueError(f"round {round_} outside 0..{self.cfg.rounds}")
+        self.params = np.array(params, dtype=np.float32, copy=True)
+        self.round = round_
+        self.received[:] = False
+        self.history = {round_: self.params}
+
     @property
     def finished(self) -> bool:
         return self.round >= self.cfg.rounds

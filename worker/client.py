@@ -145,8 +145,14 @@ class ClusterClient:
         self.d = welcomes[0].d
         return welcomes
 
-    def pull(self, round_: int) -> np.ndarray:
-        """The full parameter vector x^t, assembled from every shard's PARAMS(t)."""
+    def pull(
+        self, round_: int, before_resend: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """The full parameter vector x^t, assembled from every shard's PARAMS(t).
+
+        ``before_resend(s)`` runs before a PULL is resent to shard s after a timeout
+        (the worker re-pushes what a restarted server may have lost).
+        """
         x = np.empty(self.d, dtype=np.float32)
 
         def store(s: int) -> ReplyCheck:
@@ -165,6 +171,7 @@ class ClusterClient:
         self._gather(
             [Pull(round=round_, worker=self.worker)] * len(self.links),
             [store(s) for s in range(len(self.links))],
+            before_resend=before_resend,
         )
         return x
 
@@ -175,6 +182,22 @@ class ClusterClient:
             headers.append(Push(round=round_, worker=self.worker, length=stop - start))
             tensors.append(gradient[start:stop])
         self._gather(headers, _expect_ack, tensors, idempotent=True)
+
+    def repush(self, shard: int, round_: int, gradient: np.ndarray) -> None:
+        """Send shard ``shard`` its slice of ``gradient`` for ``round_`` again, once.
+
+        Any answer will do (ACK, or DUPLICATE/STALE if the server still had it); no
+        answer within the timeout is left to the caller's retry loop.
+        """
+        start, stop = self.ranges[shard]
+        header = Push(round=round_, worker=self.worker, length=stop - start)
+        link = self.links[shard]
+        link.send(encode(header, gradient[start:stop]))
+        if link.socket.poll(int(self.policy.timeout_s * 1000), zmq.POLLIN):
+            reply = link.receive().header
+            log.info("re-pushed round %d to %s: %s", round_, link.endpoint, type(reply).__name__)
+        else:
+            link.reopen()
 
     def status(self) -> list[StatusReply]:
         return self._gather([Status()] * len(self.links), lambda m: _expect(m, StatusReply))
@@ -187,6 +210,7 @@ class ClusterClient:
         checks: ReplyCheck | list[ReplyCheck],
         tensors: list[np.ndarray] | None = None,
         idempotent: bool = False,
+        before_resend: Callable[[int], None] | None = None,
     ) -> list:
         """Send ``headers[s]`` to shard s, collect one accepted reply per shard.
 
@@ -206,6 +230,8 @@ class ClusterClient:
                         self.policy.retries,
                     )
                     self.links[s].reopen()
+                    if before_resend is not None:
+                        before_resend(s)
                 self.links[s].send(frames[s])
             try:
                 self._collect(pending, results, checks, resent=idempotent and attempt > 0)

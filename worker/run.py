@@ -6,6 +6,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
@@ -47,9 +49,15 @@ def run_worker(
             f" (byzantine: {attack.worker_attack})" if byzantine else "",
             len(endpoints), client.d, start,
         )
+        last_push: np.ndarray | None = None
+
+        def repush_last(shard: int) -> None:
+            if last_push is not None:
+                client.repush(shard, t - 1, last_push)
+
         for t in range(start, cfg.rounds):
             began = time.perf_counter()
-            x = client.pull(t)
+            x = client.pull(t, before_resend=repush_last)
             pulled = time.perf_counter()
             if byzantine:
                 g = byzantine_gradient(cfg, attack, computer, x, t, worker)
@@ -58,6 +66,7 @@ def run_worker(
                 g, loss = computer.gradient(x, t, worker)
             computed = time.perf_counter()
             client.push(t, g)
+            last_push = g
             done = time.perf_counter()
             metrics.write({
                 "round": t, "loss": loss, "pull_ms": (pulled - began) * 1e3,
