@@ -63,3 +63,41 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     torch.set_num_threads(1)
     reference = simulate(CFG, AttackConfig().validate(CFG))
     np.testing.assert_array_equal(params, reference.params)
+
+
+def test_killed_proxy_restarts_and_the_run_ends_bit_identical(processes, tmp_path) -> None:
+    attack = AttackConfig(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.001)
+    _, e0 = _server(processes, tmp_path, 0, "tcp://127.0.0.1:*")
+    _, e1 = _server(processes, tmp_path, 1, "tcp://127.0.0.1:*")
+
+    def proxy(bind: str):
+        ready = tmp_path / "proxy.endpoint"
+        ready.unlink(missing_ok=True)
+        proc = processes.start("proxy-0", "ps.proxy_cli", [
+            "--bind", bind, "--server", e0, "--proxy-attack", "gambler",
+            "--gambler-p", repr(attack.gambler_p), "--out-dir", str(tmp_path),
+            "--ready-file", str(ready), *run_config_args(CFG)])
+        return proc, processes.endpoint(ready, proc)
+
+    victim, front = proxy("tcp://127.0.0.1:*")
+    workers = [
+        processes.start(f"worker-{i}", "worker.cli", [
+            "--servers", f"{front},{e1}", "--worker-id", str(i), "--timeout", "1.5",
+            "--retries", "20", *run_config_args(CFG)])
+        for i in range(CFG.num_workers)
+    ]
+    wait_for(lambda: len(read_jsonl(tmp_path / "proxy-0.jsonl")) >= 12, 120,
+             "the proxy to relay 12 rounds")
+    victim.signal(signal.SIGKILL)
+    processes.wait_exit(victim, 10)
+    restarted, _ = proxy(front)
+    for w in workers:
+        assert processes.wait_exit(w, 180) == 0, w.tail()
+    assert processes.wait_exit(restarted, 60) == 0
+
+    params = np.concatenate([load_checkpoint(checkpoint_path(tmp_path, s)).params
+                             for s in range(2)])
+    torch.set_num_threads(1)
+    reference = simulate(CFG, attack.validate(CFG))
+    assert reference.corrupted_values > 0
+    np.testing.assert_array_equal(params, reference.params)
