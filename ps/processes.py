@@ -32,7 +32,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env=child_environment(self.env),
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops us
             )
 
@@ -56,6 +56,16 @@ class ManagedProcess:
                 return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
         except FileNotFoundError:
             return []
+
+
+def child_environment(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment without its ``PS_*`` settings, plus ``extra``.
+
+    Children get their configuration as explicit flags; a ``PS_*`` variable meant
+    for the launcher (say ``PS_EVALUATE`` or ``PS_WORKER_ID``) must not leak into them.
+    """
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PS_")}
+    return {**inherited, **extra}
 
 
 def stop_all(processes: list[ManagedProcess], grace_s: float = STOP_GRACE_S) -> None:

@@ -24,7 +24,7 @@ from common.errors import ConfigError
 @option("--bind", env="BIND", default="tcp://127.0.0.1:5550",
         help="ZeroMQ endpoint to bind (use tcp://HOST:* for a free port; see --ready-file).")
 @option("--out-dir", env="OUT_DIR", default=None, type=click.Path(file_okay=False, path_type=Path),
-        help="Directory for metrics (server-<s>.jsonl) and the final shard (shard-<s>.npy).")
+        help="Directory for metrics (server-<s>.jsonl) and checkpoints (shard-<s>.npz).")
 @option("--ready-file", env="READY_FILE", default=None, type=click.Path(path_type=Path),
         help="Write the bound endpoint here once listening (for launchers).")
 @option("--linger", "linger_s", env="LINGER", default=30.0, type=float,

@@ -68,3 +68,13 @@ def test_hash_is_stable_and_sensitive() -> None:
 def test_attack_settings_are_checked(settings: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         AttackConfig(**settings).validate(RunConfig().validate())
+
+
+def test_launcher_children_do_not_inherit_ps_settings(monkeypatch) -> None:
+    from ps.processes import child_environment
+
+    monkeypatch.setenv("PS_EVALUATE", "1")
+    monkeypatch.setenv("HOME_LIKE", "kept")
+    env = child_environment({"PS_TORCH_THREADS": "1"})
+    assert "PS_EVALUATE" not in env
+    assert env["HOME_LIKE"] == "kept" and env["PS_TORCH_THREADS"] == "1"
