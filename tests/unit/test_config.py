@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from common.config import AttackConfig, RunConfig, default_q
@@ -35,7 +37,7 @@ def test_q_defaults_per_rule() -> None:
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         RunConfig(**changes).validate()
 
 
