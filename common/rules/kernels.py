@@ -10,14 +10,14 @@ columns.  The network for n is generated in Python at first use and cached.
 
 Two code shapes, both ``numba.njit(cache=True, nogil=True)``:
 
-* n <= ``REGISTER_MAX_N``: Python source with the network unrolled (wires are local
-  variables, so they live in vector registers) is generated per n, written once to a
-  per-user directory and imported, so numba's on-disk cache works for it.  The median
-  comes straight out of the registers; the sorted-window reductions store the sorted
-  column into an (n, W) tile and reduce it there.
-* larger n (where LLVM no longer vectorises the unrolled code): each tile of ``W``
-  columns is loaded row by row into an L1-resident scratch of ``n + 2`` rows and the
-  comparators run row against row, each writing min and max into two free rows.
+* n <= ``REGISTER_MAX_N``: Python source with the network and the reduction unrolled
+  (wires are local variables, so they live in vector registers; loads are contiguous
+  row reads, one vector per row) is generated per (rule kind, n, kept count), written
+  once to a per-user directory and imported, so numba's on-disk cache works for it.
+  This is several times faster than the scratch shape below.
+* larger n, where compiling unrolled code gets slow: each tile of ``W`` columns is
+  loaded row by row into an L1-resident scratch of ``n + 2`` rows and the comparators
+  run row against row, each writing its min and max into two free rows.
 
 Networks are pruned to what the reduction reads: unread positions are dead, positions
 only summed form a group whose internal order does not matter, so trailing comparators
@@ -31,6 +31,9 @@ are.  With more bad values the result may be +-inf, or NaN where +inf and -inf m
 a sum; below those counts it is never NaN.
 
 Large inputs are split into column chunks run on ``torch.get_num_threads()`` threads.
+
+The distance-based rules (Medoid, Krum, Multi-Krum, GeoMed, Bulyan) share the last
+section: one float64 Gram matrix ``G @ G.T`` gives all pairwise distances.
 """
 
 from __future__ import annotations
@@ -46,13 +49,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numba
 import numpy as np
 import torch
 
-REGISTER_MAX_N = 32  # largest n whose unrolled network LLVM still vectorises
+REGISTER_MAX_N = 50  # first-use compile time grows fast with n: about 5 s at n = 50
 _DEAD = -1  # pruning label: the value at this position is not read
 _UNIQUE = -2  # pruning label: the exact value at this position is read
 _MIN_COLUMNS_PER_THREAD = 32768
@@ -60,6 +62,16 @@ _SCRATCH_BYTES = 32768  # scratch tiles are sized to stay in L1
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """A forked child has none of the parent's threads: start a new pool when needed."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 # --------------------------------------------------------------------------- networks
@@ -169,11 +181,11 @@ def tile_width(n: int) -> int:
     return w
 
 
-# ----------------------------------------------------------------- shared jit helpers
+# ------------------------------------------------------------- large-n scratch kernels
 
 
 @numba.njit(cache=True, nogil=True)
-def _window_reduce(S, final, m, kfix, w, c0, out, med, kk, acc):  # pragma: no cover
+def _window_reduce(S, final, m, kfix, w, c0, out, med, kk, acc):
     """``out[c0 + c]`` = mean of a window of ``m`` sorted values of tile column ``c``.
 
     Sorted position ``j`` of column ``c`` is ``S[final[j], c]``; ``p = n - m`` values are
@@ -223,11 +235,8 @@ def _window_reduce(S, final, m, kfix, w, c0, out, med, kk, acc):  # pragma: no c
         o[c] = acc[c] * inv
 
 
-# ------------------------------------------------------------- large-n scratch kernels
-
-
 @numba.njit(cache=True, nogil=True)
-def _load_tile(G, rows, c0, w, S):  # pragma: no cover - compiled
+def _load_tile(G, rows, c0, w, S):
     """``S[i, :w] = G[rows[i], c0:c0+w]`` with NaN -> +inf (even i) / -inf (odd i)."""
     pos = np.float32(np.inf)
     neg = np.float32(-np.inf)
@@ -243,7 +252,7 @@ def _load_tile(G, rows, c0, w, S):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _run_ops(ops, w, S):  # pragma: no cover - compiled
+def _run_ops(ops, w, S):
     """Apply the scratch-row comparator ops to the first ``w`` columns of ``S``."""
     for k in range(ops.shape[0]):
         a = ops[k, 0]
@@ -265,7 +274,7 @@ def _run_ops(ops, w, S):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _scratch_median(G, rows, ops, final, width, start, stop, out):  # pragma: no cover
+def _scratch_median(G, rows, ops, final, width, start, stop, out):
     """``out[c]`` = median of ``G[rows, c]`` for ``start <= c < stop``."""
     n = rows.shape[0]
     S = np.empty((n + 2, width), dtype=np.float32)
@@ -286,7 +295,7 @@ def _scratch_median(G, rows, ops, final, width, start, stop, out):  # pragma: no
 
 
 @numba.njit(cache=True, nogil=True)
-def _scratch_window(G, rows, ops, final, m, kfix, width, start, stop, out):  # pragma: no cover
+def _scratch_window(G, rows, ops, final, m, kfix, width, start, stop, out):
     """``out[c]`` = window mean (see ``_window_reduce``) of ``G[rows, c]``."""
     n = rows.shape[0]
     S = np.empty((n + 2, width), dtype=np.float32)
@@ -319,7 +328,8 @@ def kernel(G, rows, start, stop, out):
     inv = np.float32({inv!r})
 {views}
     o = out[start:stop]
-    for c in range(stop - start):
+    # An unsigned index needs no negative-index wraparound, so loads stay contiguous.
+    for c in range(np.uint64(stop - start)):
 {body}
 '''
 
@@ -422,6 +432,8 @@ def _executor() -> ThreadPoolExecutor:
 def _run_chunked(kernel: Callable[..., None], args: tuple, d: int, align: int) -> np.ndarray:
     """``kernel(*args, start, stop, out)`` over column chunks, on torch's thread count."""
     out = np.empty(d, dtype=np.float32)
+    if d == 0:
+        return out
     chunks = max(1, min(torch.get_num_threads(), d // _MIN_COLUMNS_PER_THREAD))
     per_chunk = -(-d // chunks)
     step = -(-per_chunk // align) * align  # whole tiles per chunk
@@ -477,3 +489,40 @@ def coordinate_window_mean(G: np.ndarray, m: int, rows: np.ndarray | None = None
     width = tile_width(n)
     args = (G, rows, prog.ops, prog.final, m, -1, width)
     return _run_chunked(_scratch_window, args, d, width)
+
+
+# --------------------------------------------------------------- Gram-matrix distances
+
+_GRAM_CHUNK = 16384  # columns per float64 block of the Gram accumulation
+
+
+def gram64(G: torch.Tensor) -> np.ndarray:
+    """``G @ G.T`` accumulated in float64 over column blocks (one BLAS pass, no overflow).
+
+    Squares of float32 values reach at most ~1.2e77, so the float64 Gram of any finite
+    row is finite; a row with a NaN or an infinity gets a non-finite diagonal entry.
+    """
+    n, d = G.shape
+    K = torch.zeros((n, n), dtype=torch.float64)
+    for s in range(0, d, _GRAM_CHUNK):
+        X = G[:, s : s + _GRAM_CHUNK].double()
+        K.addmm_(X, X.T)
+    return K.numpy()
+
+
+def squared_distances(K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairwise squared Euclidean distances from a Gram matrix, and the finite-row mask.
+
+    ``D2[i, j] = K[i, i] + K[j, j] - 2 K[i, j]``, clamped at 0 (rounding); 0 from a finite
+    row to itself.  A row holding any non-finite value is at +inf from every row, itself
+    included, so no selection ever prefers it to a finite row.
+    """
+    diag = np.diag(K).copy()
+    finite = np.isfinite(diag)
+    with np.errstate(invalid="ignore", over="ignore"):
+        D2 = diag[:, None] + diag[None, :] - 2.0 * K
+    D2 = np.maximum(D2, 0.0)
+    np.fill_diagonal(D2, 0.0)
+    D2[~finite, :] = np.inf
+    D2[:, ~finite] = np.inf
+    return D2, finite

@@ -1,0 +1,103 @@
+"""Krum and Multi-Krum (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017).
+
+Used as baselines by Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD"
+(ICML 2018).  The Krum score of row i is the sum of its squared distances to its
+n - q - 2 nearest other rows; Krum outputs the row with the lowest score.  Multi-Krum
+outputs the average of the m rows with the lowest scores, the scores being computed
+once on all n rows (the usual "m best by Krum score" reading, not m rounds of Krum with
+removal; ``m`` defaults to n - q).  Both need 2q + 2 < n.
+
+All distances come from one float64 Gram matrix (``kernels.gram64``).  Non-finite values:
+a row holding any NaN or infinity is at +inf from every row, so it ranks after every
+finite row and is never selected or averaged while a finite row is available; finite
+rows are scored on their distances to finite rows only (if fewer than n - q - 2 other
+rows are finite, on all of those).  Multi-Krum averages the finite rows among its m
+best, so it never averages a non-finite row.  Ties go to the lowest row index.  If no
+row is finite, both output the coordinate-wise median (MarMed) of all rows and set
+``last_info["fallback"] = "marmed"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.rules import kernels
+from common.rules.marmed import coordinate_median
+from common.rules.validation import Rule, RuleError, as_int
+
+
+def krum_ranking(D2: np.ndarray, finite: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ordered by Krum score (finite rows first, ties by index) and the scores.
+
+    ``D2`` are squared distances with +inf for non-finite rows (``kernels.squared_distances``);
+    each finite row is scored on its ``max(n - q - 2, 0)`` nearest other finite rows;
+    non-finite rows get +inf and come last, in index order.
+    """
+    n = D2.shape[0]
+    rows = np.flatnonzero(finite)
+    scores = np.full(n, np.inf)
+    if rows.size:
+        sub = D2[np.ix_(rows, rows)]
+        others = sub[~np.eye(rows.size, dtype=bool)].reshape(rows.size, rows.size - 1)
+        k = min(max(n - q - 2, 0), rows.size - 1)
+        scores[rows] = np.sort(others, axis=1)[:, :k].sum(axis=1)
+    order = np.concatenate([rows[np.argsort(scores[rows], kind="stable")], np.flatnonzero(~finite)])
+    return order, scores
+
+
+def check_krum(name: str, n: int, q: int) -> None:
+    """Krum's precondition 2q + 2 < n."""
+    if not 2 * q + 2 < n:
+        raise RuleError(f"{name} needs 2q+2 < n, got n={n}, q={q}")
+
+
+class Krum(Rule):
+    """The row with the lowest Krum score; ``last_info["selected"]``, ``["score"]``."""
+
+    name = "krum"
+
+    def __init__(self, n: int, q: int) -> None:
+        super().__init__(n, q)
+        check_krum(self.name, self.n, self.q)
+
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        if not finite.any():
+            self.last_info = {"selected": [], "fallback": "marmed"}
+            return coordinate_median(G)
+        order, scores = krum_ranking(D2, finite, self.q)
+        best = int(order[0])
+        self.last_info = {"selected": [best], "score": float(scores[best])}
+        return G[best].clone()
+
+
+class MultiKrum(Rule):
+    """Average of the ``m`` best rows by Krum score; ``last_info["selected"]``."""
+
+    name = "multikrum"
+    options = ("m",)
+
+    def __init__(self, n: int, q: int, m: Any = None) -> None:
+        super().__init__(n, q)
+        check_krum(self.name, self.n, self.q)
+        self.m = self.n - self.q if m is None else as_int(m, "multikrum option m")
+        if not 1 <= self.m <= self.n - self.q:
+            raise RuleError(
+                f"multikrum needs 1 <= m <= n-q, got m={self.m}, n={self.n}, q={self.q}"
+            )
+
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        if not finite.any():
+            self.last_info = {"selected": [], "fallback": "marmed"}
+            return coordinate_median(G)
+        order, scores = krum_ranking(D2, finite, self.q)
+        chosen = [int(i) for i in order[: self.m] if finite[i]]
+        self.last_info = {"selected": chosen, "scores": [float(scores[i]) for i in chosen]}
+        return torch.mean(G[chosen], 0)
+
+    def __repr__(self) -> str:
+        return f"MultiKrum(n={self.n}, q={self.q}, m={self.m})"

@@ -1,0 +1,37 @@
+"""MeaMed: per coordinate, the mean of the n - q values nearest to the median.
+
+Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD" (ICML 2018), Definition of
+MeaMed: with ``med_j`` the coordinate-wise median (mean of the two middle values for
+even n), ``out[j]`` is the mean of the n - q values ``G[i, j]`` with the smallest
+``|G[i, j] - med_j|``, the median itself included.  Needs 0 <= q <= ceil(n/2) - 1
+(dimensional Byzantine resilience).
+
+Ties, deterministically: distances are float32 ``|x - med|``; when a value below the
+median and a value above it are equally far, the one below is kept.  The kept values
+always form a contiguous window of the sorted column (equal values are interchangeable).
+
+Non-finite values: NaN is read as +inf on even rows and -inf on odd rows (see
+``common.rules.kernels``); infinities are farther than any finite value, so with at most
+q non-finite values in a coordinate they are all dropped and the output is finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.rules import kernels
+from common.rules.validation import Rule, RuleError, median_bound
+
+
+class MeaMed(Rule):
+    """Mean around the median, by a vectorised sorting network (``kernels``)."""
+
+    name = "meamed"
+
+    def __init__(self, n: int, q: int) -> None:
+        super().__init__(n, q)
+        if self.q > median_bound(self.n):
+            raise RuleError(f"meamed needs q <= ceil(n/2)-1, got n={self.n}, q={self.q}")
+
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(kernels.coordinate_window_mean(G.numpy(), self.n - self.q))
