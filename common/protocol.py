@@ -126,12 +126,17 @@ class Params:
 
 @dataclass(frozen=True)
 class Push:
-    """Worker ``worker``'s gradient shard for ``round``; ``length`` float32 values follow."""
+    """Worker ``worker``'s gradient shard for ``round``; ``length`` float32 values follow.
+
+    With ``pull_next`` the reply is not an ACK but PARAMS(round + 1), sent once that
+    round exists: one exchange per shard and round instead of two.
+    """
 
     op: ClassVar[Op] = Op.PUSH
     round: int
     worker: int
     length: int
+    pull_next: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, ConfigError
 from common.metrics import JsonlWriter
 from common.protocol import (
-    MAX_FRAME_BYTES,
     Ack,
     Hello,
     Message,
@@ -39,6 +38,7 @@ from common.protocol import (
     encode,
     split_envelope,
 )
+from common.sockets import configure
 from ps.corruption import ShardCorruptor
 
 log = logging.getLogger("ps.proxy")
@@ -100,13 +100,9 @@ class Proxy:
         self.stop_event.set()
 
     def run(self) -> None:
-        back = self.ctx.socket(zmq.DEALER)
-        back.setsockopt(zmq.LINGER, 1000)
-        back.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        back = configure(self.ctx.socket(zmq.DEALER), linger_ms=1000)
         back.connect(self.options.server)
-        front = self.ctx.socket(zmq.ROUTER)
-        front.setsockopt(zmq.LINGER, 1000)
-        front.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        front = configure(self.ctx.socket(zmq.ROUTER), linger_ms=1000)
         try:
             welcome = self._handshake(back)
             self.corruptor = ShardCorruptor(
@@ -199,6 +195,8 @@ class Proxy:
 
     def _on_push(self, back: zmq.Socket, envelope: list[Any], msg: Message) -> None:
         push: Push = msg.header  # type: ignore[assignment]
+        if push.pull_next:  # the reply will be PARAMS for this worker
+            self.state.puller[bytes(envelope[-1])] = push.worker
         corruptor = self.corruptor
         if corruptor.whole_round and 0 <= push.worker < self.cfg.num_workers:
             held = self.state.held[push.round]

@@ -6,7 +6,7 @@
 #   * the evaluator reached the last round with top-1 >= PS_SMOKE_MIN_TOP1
 #     (default 0.5; chance is 0.1) under the attack;
 #   * each proxy corrupted values (corrupted_values summed over its rounds > 0);
-#   * every server wrote all its rounds and its final shard.
+#   * every server wrote all its rounds and its final shard (checkpoint).
 # Everything is torn down on exit, failure and Ctrl-C included; on failure the
 # containers' states and log tails are printed. Exit 0 only when all checks pass.
 #
@@ -17,8 +17,8 @@
 #
 # Environment: PS_SMOKE_TIMEOUT (s, default 900) deadline for the run itself;
 # PS_SMOKE_MIN_TOP1 (0.5); PS_IMAGE (byzps:latest); PS_RUNS_DIR (runs/compose);
-# PS_COMPOSE_PROJECT (byzps-smoke); PS_TORCH_INDEX_URL (passed to the build as
-# TORCH_INDEX_URL); PS_UID/PS_GID (the uid:gid the containers run as).
+# PS_COMPOSE_PROJECT (byzps-smoke); TORCH_INDEX_URL (build argument, see
+# docs/docker.md); PS_UID/PS_GID (the uid:gid the containers run as).
 set -euo pipefail
 
 t0=$(date +%s)
@@ -86,7 +86,7 @@ rounds="$(env_value PS_ROUNDS)"
 # --- 3. the image ------------------------------------------------------------------
 t_build=$(date +%s)
 build_args=()
-[ -n "${PS_TORCH_INDEX_URL:-}" ] && build_args+=(--build-arg "TORCH_INDEX_URL=$PS_TORCH_INDEX_URL")
+[ -n "${TORCH_INDEX_URL:-}" ] && build_args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 build_log="$(mktemp /tmp/byzps-build.XXXXXX)"
 if ! docker build "${build_args[@]}" -t "$PS_IMAGE" . >"$build_log" 2>&1; then
   tail -n 40 "$build_log" >&2
@@ -99,11 +99,13 @@ build_s=$(elapsed "$t_build")
 say "image $PS_IMAGE built in ${build_s} s ($(docker image inspect -f '{{.Size}}' "$PS_IMAGE" \
   | awk '{printf "%.0f MB", $1 / 1e6}'))"
 
-# --- 4. an empty output directory the containers' user can write -------------------
+# --- 4. an empty output directory ----------------------------------------------------
+# (as root it stays root's, and the compose file's runs-dir service hands it to the
+# containers' user; otherwise the containers run as the caller)
 mkdir -p "$PS_RUNS_DIR"
 find "$PS_RUNS_DIR" -mindepth 1 -delete
 if [ "$(id -u)" = 0 ]; then
-  chown "${PS_UID:-1000}:${PS_GID:-1000}" "$PS_RUNS_DIR"
+  chown 0:0 "$PS_RUNS_DIR"
 else
   export PS_UID="${PS_UID:-$(id -u)}" PS_GID="${PS_GID:-$(id -g)}"
 fi
@@ -137,7 +139,12 @@ timeout 300 "${compose[@]}" up -d --no-build >&2
 say "cluster up in $(elapsed "$t_run") s; waiting for the run to finish (deadline ${run_timeout_s} s)"
 
 # --- 6. wait: poll the containers' states, never a fixed sleep -----------------------
-last_round() { tail -n 1 "$1" 2>/dev/null | sed -n 's/.*"round": *\([0-9]*\).*/\1/p'; }
+progress() {  # "round R" (+ " top-1 A") from the last line of a metrics file, or "-"
+  local line
+  line="$(tail -n 1 "$1" 2>/dev/null \
+    | sed -n 's/.*"round": *\([0-9]*\)[^}]*"top1": *\([0-9.]*\).*/round \1 top-1 \2/p; t; s/.*"round": *\([0-9]*\).*/round \1/p')"
+  echo "${line:--}"
+}
 deadline=$((t_run + run_timeout_s))
 next_report=$(($(date +%s) + 15))
 while :; do
@@ -158,8 +165,8 @@ while :; do
     exit 1
   fi
   if [ "$now" -ge "$next_report" ]; then
-    say "$(elapsed "$t_run") s: server-0 at round $(last_round "$PS_RUNS_DIR/server-0.jsonl")/$rounds," \
-      "evaluator: $(tail -n 1 "$PS_RUNS_DIR/evaluator.jsonl" 2>/dev/null | cut -c1-90), $running running"
+    say "$(elapsed "$t_run") s: server-0 $(progress "$PS_RUNS_DIR/server-0.jsonl") of $rounds;" \
+      "evaluator $(progress "$PS_RUNS_DIR/evaluator.jsonl"); $running containers running"
     next_report=$((now + 15))
   fi
   sleep 2
@@ -212,11 +219,12 @@ if attack != "none":
 
 for s in range(shards):
     server = records(f"server-{s}.jsonl")
-    if len(server) != rounds or not server[-1].get("params_finite", False):
-        problems.append(f"server-{s}.jsonl: {len(server)} rounds (expected {rounds}), "
-                        f"last params_finite={server[-1].get('params_finite') if server else None}")
-    if not os.path.exists(os.path.join(runs, f"shard-{s}.npy")):
-        problems.append(f"shard-{s}.npy is missing")
+    if len(server) != rounds:
+        problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
+    elif not server[-1].get("params_finite", False):
+        problems.append(f"server {s}: parameters not finite after the last round")
+    if not os.path.exists(os.path.join(runs, f"shard-{s}.npz")):
+        problems.append(f"the final checkpoint shard-{s}.npz is missing")
 
 curve = " ".join(f"{r['round']}:{r['top1']:.3f}" for r in evaluations)
 print(f"top-1 by round: {curve}")

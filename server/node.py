@@ -25,7 +25,6 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.metrics import JsonlWriter
 from common.protocol import (
-    MAX_FRAME_BYTES,
     Ack,
     Error,
     ErrorCode,
@@ -44,6 +43,7 @@ from common.protocol import (
     split_envelope,
 )
 from common.sharding import shard_ranges
+from common.sockets import configure
 from server.checkpoint import Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from server.shard import Refused, ShardState
 
@@ -104,9 +104,7 @@ class ServerNode:
     def run(self) -> None:
         """Serve until the last round is done (plus linger) or a stop is requested."""
         ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        sock = configure(ctx.socket(zmq.ROUTER), linger_ms=1000)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             try:
@@ -237,7 +235,10 @@ class ServerNode:
         row = self.state.check_push(push.round, push.worker, push.length)
         msg.tensor_into(row)
         self.state.mark_received(push.worker)
-        self._send(sock, envelope, Ack(round=push.round, worker=push.worker))
+        if push.pull_next:
+            self.parked.append(_Parked(envelope, push.round + 1))  # answered by PARAMS
+        else:
+            self._send(sock, envelope, Ack(round=push.round, worker=push.worker))
         if self.state.complete:
             self._finish_round(sock)
 

@@ -22,7 +22,6 @@ import zmq
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
 from common.protocol import (
-    MAX_FRAME_BYTES,
     Ack,
     Error,
     ErrorCode,
@@ -39,6 +38,7 @@ from common.protocol import (
     decode,
     encode,
 )
+from common.sockets import configure
 
 log = logging.getLogger("ps.client")
 
@@ -60,9 +60,7 @@ class Link:
         self.socket = self._open()
 
     def _open(self) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0)
         sock.connect(self.endpoint)
         return sock
 
@@ -134,7 +132,10 @@ class ClusterClient:
             config_hash=self.cfg.config_hash,
             config=self.cfg.to_dict(),
         )
-        welcomes = self._gather([hello] * len(self.links), _expect_welcome)
+        count = len(self.links)
+        replies = self._gather(dict.fromkeys(range(count), encode(hello)),
+                               dict.fromkeys(range(count), _expect_welcome))
+        welcomes = [replies[s] for s in range(count)]
         for s, w in enumerate(welcomes):
             if w.shard != s or w.num_shards != self.cfg.num_shards:
                 raise ConfigError(
@@ -146,42 +147,56 @@ class ClusterClient:
         return welcomes
 
     def pull(
-        self, round_: int, before_resend: Callable[[int], None] | None = None
+        self,
+        round_: int,
+        before_resend: Callable[[int], None] | None = None,
+        into: np.ndarray | None = None,
+        shards: list[int] | None = None,
     ) -> np.ndarray:
         """The full parameter vector x^t, assembled from every shard's PARAMS(t).
 
         ``before_resend(s)`` runs before a PULL is resent to shard s after a timeout
-        (the worker re-pushes what a restarted server may have lost).
+        (the worker re-pushes what a restarted server may have lost). ``into`` and
+        ``shards`` fill only some shards' slices of an existing vector.
         """
-        x = np.empty(self.d, dtype=np.float32)
-
-        def store(s: int) -> ReplyCheck:
-            def check(msg: Message) -> None:
-                h = _expect(msg, Params)
-                start, stop = self.ranges[s]
-                if h.round != round_ or h.length != stop - start:
-                    raise PeerError(
-                        f"shard {s} sent round {h.round} with {h.length} values, expected round "
-                        f"{round_} with {stop - start}"
-                    )
-                msg.tensor_into(x[start:stop])
-
-            return check
-
+        x = np.empty(self.d, dtype=np.float32) if into is None else into
+        targets = range(len(self.links)) if shards is None else shards
+        pull = encode(Pull(round=round_, worker=self.worker))
         self._gather(
-            [Pull(round=round_, worker=self.worker)] * len(self.links),
-            [store(s) for s in range(len(self.links))],
+            {s: pull for s in targets},
+            {s: self._params_into(x, s, round_) for s in targets},
             before_resend=before_resend,
         )
         return x
 
-    def push(self, round_: int, gradient: np.ndarray) -> None:
-        """Send each shard its slice of the gradient for ``round_``; wait for the ACKs."""
-        headers, tensors = [], []
-        for start, stop in self.ranges:
-            headers.append(Push(round=round_, worker=self.worker, length=stop - start))
-            tensors.append(gradient[start:stop])
-        self._gather(headers, _expect_ack, tensors, idempotent=True)
+    def push(
+        self,
+        round_: int,
+        gradient: np.ndarray,
+        pull_next: bool = False,
+        before_resend: Callable[[int], None] | None = None,
+    ) -> np.ndarray | None:
+        """Send each shard its slice of the gradient for ``round_``.
+
+        Without ``pull_next`` wait for the ACKs and return None. With it, each server
+        answers with PARAMS(round_ + 1) once that round exists, and the assembled
+        x^{t+1} is returned (a shard whose resent push was already counted is pulled).
+        """
+        requests = {}
+        for s, (start, stop) in enumerate(self.ranges):
+            header = Push(round=round_, worker=self.worker, length=stop - start,
+                          pull_next=pull_next)
+            requests[s] = encode(header, gradient[start:stop])
+        if not pull_next:
+            self._gather(requests, dict.fromkeys(requests, _expect_ack), idempotent=True)
+            return None
+        x = np.empty(self.d, dtype=np.float32)
+        checks = {s: self._params_into(x, s, round_ + 1) for s in requests}
+        results = self._gather(requests, checks, idempotent=True)
+        unanswered = [s for s, stored in results.items() if not stored]
+        if unanswered:
+            self.pull(round_ + 1, before_resend, into=x, shards=unanswered)
+        return x
 
     def repush(self, shard: int, round_: int, gradient: np.ndarray) -> None:
         """Send shard ``shard`` its slice of ``gradient`` for ``round_`` again, once.
@@ -200,27 +215,45 @@ class ClusterClient:
             link.reopen()
 
     def status(self) -> list[StatusReply]:
-        return self._gather([Status()] * len(self.links), lambda m: _expect(m, StatusReply))
+        status = encode(Status())
+        results = self._gather(
+            dict.fromkeys(range(len(self.links)), status),
+            dict.fromkeys(range(len(self.links)), lambda m: _expect(m, StatusReply)),
+        )
+        return [results[s] for s in range(len(self.links))]
 
     # -- machinery ---------------------------------------------------------------
 
+    def _params_into(self, x: np.ndarray, shard: int, round_: int) -> ReplyCheck:
+        """A check that copies shard ``shard``'s PARAMS(round_) into ``x``; returns True."""
+
+        def check(msg: Message) -> bool:
+            h = _expect(msg, Params)
+            start, stop = self.ranges[shard]
+            if h.round != round_ or h.length != stop - start:
+                raise PeerError(
+                    f"shard {shard} sent round {h.round} with {h.length} values, expected "
+                    f"round {round_} with {stop - start}"
+                )
+            msg.tensor_into(x[start:stop])
+            return True
+
+        return check
+
     def _gather(
         self,
-        headers: list[Header],
-        checks: ReplyCheck | list[ReplyCheck],
-        tensors: list[np.ndarray] | None = None,
+        requests: dict[int, list],
+        checks: dict[int, ReplyCheck],
         idempotent: bool = False,
         before_resend: Callable[[int], None] | None = None,
-    ) -> list:
-        """Send ``headers[s]`` to shard s, collect one accepted reply per shard.
+    ) -> dict[int, object]:
+        """Send ``requests[s]`` (encoded frames) to shard s; collect one reply per shard.
 
-        ``idempotent``: a resent request refused as DUPLICATE/STALE counts as accepted.
+        Returns what ``checks[s]`` made of each reply. ``idempotent``: a resent request
+        refused as DUPLICATE/STALE counts as accepted, with result None.
         """
-        count = len(self.links)
-        checks = checks if isinstance(checks, list) else [checks] * count
-        frames = [encode(h, None if tensors is None else tensors[s]) for s, h in enumerate(headers)]
-        results: list = [None] * count
-        pending = set(range(count))
+        results: dict[int, object] = {}
+        pending = set(requests)
         for attempt in range(self.policy.retries + 1):
             for s in pending:
                 if attempt:
@@ -232,7 +265,7 @@ class ClusterClient:
                     self.links[s].reopen()
                     if before_resend is not None:
                         before_resend(s)
-                self.links[s].send(frames[s])
+                self.links[s].send(requests[s])
             try:
                 self._collect(pending, results, checks, resent=idempotent and attempt > 0)
             except Exception:
@@ -244,11 +277,17 @@ class ClusterClient:
                 return results
         names = ", ".join(self.links[s].endpoint for s in sorted(pending))
         raise ClusterTimeout(
-            f"{type(headers[0]).__name__} got no reply from {names} after "
-            f"{self.policy.retries + 1} attempts of {self.policy.timeout_s:g} s"
+            f"no reply from {names} after {self.policy.retries + 1} attempts of "
+            f"{self.policy.timeout_s:g} s"
         )
 
-    def _collect(self, pending: set[int], results: list, checks: list[ReplyCheck], resent: bool):
+    def _collect(
+        self,
+        pending: set[int],
+        results: dict[int, object],
+        checks: dict[int, ReplyCheck],
+        resent: bool,
+    ) -> None:
         poller = zmq.Poller()
         by_socket = {}
         for s in pending:

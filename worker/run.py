@@ -6,8 +6,6 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
-
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
@@ -49,28 +47,23 @@ def run_worker(
             f" (byzantine: {attack.worker_attack})" if byzantine else "",
             len(endpoints), client.d, start,
         )
-        last_push: np.ndarray | None = None
-
-        def repush_last(shard: int) -> None:
-            if last_push is not None:
-                client.repush(shard, t - 1, last_push)
-
+        x = client.pull(start)
         for t in range(start, cfg.rounds):
             began = time.perf_counter()
-            x = client.pull(t, before_resend=repush_last)
-            pulled = time.perf_counter()
             if byzantine:
                 g = byzantine_gradient(cfg, attack, computer, x, t, worker)
                 loss = float("nan")
             else:
                 g, loss = computer.gradient(x, t, worker)
             computed = time.perf_counter()
-            client.push(t, g)
-            last_push = g
+            # one exchange per shard: the reply to the push is x^{t+1}; a server that
+            # restarted and lost the push gets it again before a fallback PULL is resent
+            x = client.push(t, g, pull_next=t + 1 < cfg.rounds,
+                            before_resend=lambda s, t=t, g=g: client.repush(s, t, g))
             done = time.perf_counter()
             metrics.write({
-                "round": t, "loss": loss, "pull_ms": (pulled - began) * 1e3,
-                "compute_ms": (computed - pulled) * 1e3, "push_ms": (done - computed) * 1e3,
+                "round": t, "loss": loss, "compute_ms": (computed - began) * 1e3,
+                "exchange_ms": (done - computed) * 1e3,
             })
             if t % 100 == 0:
                 log.info("round %d loss %.4f", t, loss)
