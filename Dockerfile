@@ -52,10 +52,14 @@ COPY . ./
 RUN pip install --no-deps --no-build-isolation . \
     && rm -rf build ./*.egg-info
 
-# Threads: one per process (many processes share few cores).
+# Threads: one per process (many processes share few cores). Caches (numba's
+# machine code, the generated sorting-network kernels) in /tmp, writable whatever
+# uid the container runs as (compose: PS_UID); site-packages is read-only to it.
 ENV PS_TORCH_THREADS=1 \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    XDG_CACHE_HOME=/tmp/cache \
     PS_OUT_DIR=/runs
 
 USER ps

@@ -7,8 +7,10 @@ the run configuration, so the compose file and the configuration the servers
 check at the handshake cannot disagree. The generator writes one service per
 server (``server-<s>``), per proxy (``proxy-<s>``, in front of server s) and per
 worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
-evaluator. A fixed id per service keeps a run reproducible (worker i always
-trains on partition i) and lets one worker be made Byzantine on its own.
+evaluator and ``runs-dir``, which hands a root-owned output directory to the
+containers' user before the others start. A fixed id per service keeps a run
+reproducible (worker i always trains on partition i) and lets one worker be
+made Byzantine on its own.
 
 Usage (from the repository root; standard library only)::
 
@@ -118,8 +120,8 @@ def render(n: int, s: int, options: dict) -> str:
         "# Regenerate: " + command_for(options),
         ARGS_MARK + json.dumps(options, sort_keys=True),
         "#",
-        "# File format 2.4: `depends_on` with `condition: service_healthy` works with",
-        "# docker-compose v1 (1.27+) and with `docker compose` v2.",
+        "# File format 2.4: `depends_on` with a `condition:` works with docker-compose v1",
+        "# (1.29+) and with `docker compose` v2.",
         'version: "2.4"',
         "",
         "x-node: &node",
@@ -146,13 +148,9 @@ def render(n: int, s: int, options: dict) -> str:
 
     anchors: dict[tuple[str, ...], str] = {}
 
-    def service(name: str, command: str, env: dict[str, str], depends: list[str],
-                build: bool = False) -> None:
+    def service(name: str, command: str, env: dict[str, str], depends: list[str]) -> None:
         out.append(f"  {name}:")
         out.append("    <<: *node")
-        if build:  # one service builds the image; the others use it
-            out.extend(["    build:", "      context: .", "      args:",
-                        "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}"])
         out.append(f"    command: [{command}]")
         out.append("    environment:")
         out.append(f"      PS_LOG_NAME: {name}")
@@ -167,19 +165,36 @@ def render(n: int, s: int, options: dict) -> str:
                 out.append(f"    depends_on: &{anchors[key]}")
                 for d in depends:
                     out.append(f"      {d}:")
-                    out.append("        condition: service_healthy")
+                    done = "completed_successfully" if d == "runs-dir" else "healthy"
+                    out.append(f"        condition: service_{done}")
         if name.startswith(("server-", "proxy-")):
             out.append("    healthcheck: *ready")
         out.append("")
 
+    # A host directory that does not exist yet is created by the Docker daemon,
+    # owned by root: hand it to the containers' user (only then, never a directory
+    # that belongs to someone already).
+    # It starts first, so it is the one service that builds the image.
+    out.extend([
+        "  runs-dir:",
+        "    <<: *node",
+        "    build:",
+        "      context: .",
+        "      args:",
+        "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}",
+        '    user: "0:0"',
+        "    cap_add: [CHOWN]",
+        "    command: [sh, -c, 'if [ \"$$(stat -c %u /runs)\" = 0 ]; "
+        "then chown ${PS_UID:-1000}:${PS_GID:-1000} /runs; fi']",
+        "",
+    ])
     for k, name in enumerate(servers):
         service(
             name,
             "ps-server",
             {"PS_SHARD": str(k), "PS_BIND": f"tcp://0.0.0.0:{PORT}",
              "PS_READY_FILE": READY_FILE},
-            [],
-            build=k == 0,
+            ["runs-dir"],
         )
     for k in proxies:
         service(
