@@ -85,11 +85,11 @@ class GeoMed(Rule):
             w = 1.0 / np.maximum(dist, self.eps * scale)
             a_new = w / w.sum()
             step_a = a_new - a
-            step = np.sqrt(max(step_a @ K @ step_a, 0.0))
+            step = float(np.sqrt(max(step_a @ K @ step_a, 0.0)))
             a = a_new
             dist = distances(a)
             scale = float(np.median(dist))
-            converged = step <= self.tol * scale or scale == 0.0
+            converged = bool(step <= self.tol * scale or scale == 0.0)
         return a, iteration, converged, float(dist.sum())
 
     def __repr__(self) -> str:
