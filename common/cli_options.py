@@ -18,6 +18,7 @@ import click
 from common.attacks import BITFLIP_PAPER_BITS, BITFLIP_PAPER_COORDS
 from common.config import AttackConfig, RunConfig
 from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED, PSError
+from common.rules import rule_names
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 
@@ -70,9 +71,8 @@ RUN_CONFIG_OPTIONS = _compose(
            help="Number of workers n (every server waits for n pushes per round)."),
     option("--shards", "-S", "num_shards", env="SHARDS", default=4, type=int,
            help="Number of server nodes S; the model is split into S contiguous shards."),
-    option("--rule", env="RULE", default="marmed",
-           help="Aggregation rule: mean, medoid, krum, multikrum, geomed, marmed, meamed, "
-           "trimmed-mean, bulyan."),
+    option("--rule", env="RULE", default="marmed", type=click.Choice(rule_names()),
+           help="Aggregation rule (see the README's table)."),
     option("--q", "q", env="Q", default=None, type=int,
            help="Byzantine values tolerated per coordinate (Krum: 2q+2 < n; MeaMed: "
            "q <= ceil(n/2)-1). Default: (n-3)//2, the paper's 8 for n=20; Bulyan (n-3)//4."),
