@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from common.attacks import BITFLIP_PAPER_BITS, BITFLIP_PAPER_COORDS
-from common.config import AttackConfig, RunConfig
+from common.config import PROXY_ATTACKS, AttackConfig, RunConfig
 from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED, PSError
 from common.rules import rule_names
 
@@ -127,6 +127,45 @@ ATTACK_PARAMETER_KEYS = (
 )
 
 
+def int_list_option(*names: str, env: str, help: str) -> Callable:
+    """A comma-separated list of ints (e.g. worker ids), from a flag or ``PS_<env>``."""
+    return option(*names, env=env, default="", callback=_int_list_callback, help=help)
+
+
+WORKER_ATTACKS = ("none", "gaussian", "omniscient", "signflip", "alie", "ipm")
+
+SCENARIO_ATTACK_OPTIONS = _compose(
+    option("--worker-attack", env="WORKER_ATTACK", default="none",
+           type=click.Choice(WORKER_ATTACKS),
+           help="Classic model: what the --byzantine-workers send."),
+    int_list_option("--byzantine-workers", env="BYZANTINE_WORKERS",
+                    help="Ids of the Byzantine workers, e.g. 0,1,2."),
+    option("--proxy-attack", env="PROXY_ATTACK", default="none",
+           type=click.Choice(PROXY_ATTACKS),
+           help="Man-in-the-middle corruption by a ps-proxy in front of each --proxy-shards "
+           "server."),
+    int_list_option("--proxy-shards", env="PROXY_SHARDS",
+                    help="Shards whose server has a proxy in front (default 0 when "
+                    "--proxy-attack)."),
+    int_list_option("--proxy-victims", env="PROXY_VICTIMS",
+                    help="Workers whose pushes a gaussian/omniscient proxy replaces."),
+    option("--corrupt-params", env="CORRUPT_PARAMS", is_flag=True,
+           help="Proxies also corrupt PARAMS replies to workers."),
+    ATTACK_PARAMETER_OPTIONS,
+)
+
+SCENARIO_KEYS = ("worker_attack", "byzantine_workers", "proxy_attack", "proxy_shards",
+                 "proxy_victims", "corrupt_params")
+
+
+def scenario_attack_from(cfg: RunConfig, kwargs: dict[str, Any]) -> AttackConfig:
+    """Pop a whole run's attack options (``SCENARIO_ATTACK_OPTIONS``) out of ``kwargs``."""
+    settings = {k: kwargs.pop(k) for k in SCENARIO_KEYS}
+    if settings["proxy_attack"] != "none" and not settings["proxy_shards"]:
+        settings["proxy_shards"] = (0,)
+    return attack_config(cfg, **settings, **attack_parameters_from(kwargs))
+
+
 def attack_parameters_from(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Pop the attack-parameter options out of ``kwargs``."""
     return {k: kwargs.pop(k) for k in ATTACK_PARAMETER_KEYS}
@@ -135,11 +174,6 @@ def attack_parameters_from(kwargs: dict[str, Any]) -> dict[str, Any]:
 def attack_config(cfg: RunConfig, **settings: Any) -> AttackConfig:
     """An ``AttackConfig`` built and validated against ``cfg``."""
     return AttackConfig(**settings).validate(cfg)
-
-
-def int_list_option(*names: str, env: str, help: str) -> Callable:
-    """A comma-separated list of ints (e.g. worker ids), from a flag or ``PS_<env>``."""
-    return option(*names, env=env, default="", callback=_int_list_callback, help=help)
 
 
 def setup_logging(role: str, verbose: bool = False) -> None:

@@ -9,19 +9,16 @@ from pathlib import Path
 import click
 
 from common.cli_options import (
-    ATTACK_PARAMETER_OPTIONS,
     CONTEXT_SETTINGS,
     EXIT_CODES_HELP,
     RUN_CONFIG_OPTIONS,
-    attack_config,
-    attack_parameters_from,
+    SCENARIO_ATTACK_OPTIONS,
     exits_cleanly,
-    int_list_option,
     option,
     run_config_from,
+    scenario_attack_from,
     setup_logging,
 )
-from common.config import PROXY_ATTACKS
 from common.errors import PeerError
 
 
@@ -31,20 +28,7 @@ from common.errors import PeerError
         "[default: runs/<time>-<rule>].")
 @option("--data-dir", env="DATA_DIR", default=None,
         help="Directory holding the dataset files (not needed for fashion-mnist from Debian).")
-@option("--worker-attack", env="WORKER_ATTACK", default="none",
-        type=click.Choice(["none", "gaussian", "omniscient", "signflip", "alie", "ipm"]),
-        help="Classic model: what the --byzantine-workers send.")
-@int_list_option("--byzantine-workers", env="BYZANTINE_WORKERS",
-                 help="Ids of the Byzantine workers, e.g. 0,1,2.")
-@option("--proxy-attack", env="PROXY_ATTACK", default="none", type=click.Choice(PROXY_ATTACKS),
-        help="Man-in-the-middle corruption by a ps-proxy in front of each --proxy-shards server.")
-@int_list_option("--proxy-shards", env="PROXY_SHARDS",
-                 help="Shards whose server gets a proxy in front (default 0 when --proxy-attack).")
-@int_list_option("--proxy-victims", env="PROXY_VICTIMS",
-                 help="Workers whose pushes a gaussian/omniscient proxy replaces.")
-@option("--corrupt-params", env="CORRUPT_PARAMS", is_flag=True,
-        help="Proxies also corrupt PARAMS replies to workers.")
-@ATTACK_PARAMETER_OPTIONS
+@SCENARIO_ATTACK_OPTIONS
 @option("--eval-every", env="EVAL_EVERY", default=25, type=click.IntRange(min=1),
         help="Rounds between evaluations.")
 @option("--eval-samples", env="EVAL_SAMPLES", default=None, type=click.IntRange(min=1),
@@ -62,9 +46,7 @@ from common.errors import PeerError
         "check that the final parameters are bit-identical (exit 3 if not).")
 @RUN_CONFIG_OPTIONS
 @exits_cleanly
-def main(out_dir: Path | None, data_dir: str | None, worker_attack: str,
-         byzantine_workers: tuple[int, ...], proxy_attack: str, proxy_shards: tuple[int, ...],
-         proxy_victims: tuple[int, ...], corrupt_params: bool, eval_every: int,
+def main(out_dir: Path | None, data_dir: str | None, eval_every: int,
          eval_samples: int | None, no_evaluator: bool, host: str, timeout_s: float,
          retries: int, run_timeout_s: float | None, verify: bool, **kwargs) -> None:
     """Start S servers, proxies, n workers and the evaluator as local processes and
@@ -75,15 +57,8 @@ def main(out_dir: Path | None, data_dir: str | None, worker_attack: str,
         ps-cluster --rule marmed --proxy-attack gambler --rounds 300
     """
     setup_logging("cluster")
-    params = attack_parameters_from(kwargs)
     cfg = run_config_from(kwargs)
-    if proxy_attack != "none" and not proxy_shards:
-        proxy_shards = (0,)
-    attack = attack_config(
-        cfg, worker_attack=worker_attack, byzantine_workers=byzantine_workers,
-        proxy_attack=proxy_attack, proxy_shards=proxy_shards, proxy_victims=proxy_victims,
-        corrupt_params=corrupt_params, **params,
-    )
+    attack = scenario_attack_from(cfg, kwargs)
     from ps.cluster import Cluster, ClusterSpec
 
     out = out_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.rule}"

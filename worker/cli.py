@@ -11,6 +11,7 @@ from common.cli_options import (
     CONTEXT_SETTINGS,
     EXIT_CODES_HELP,
     RUN_CONFIG_OPTIONS,
+    WORKER_ATTACKS,
     attack_config,
     attack_parameters_from,
     exits_cleanly,
@@ -40,7 +41,7 @@ from common.errors import ConfigError
 @option("--data-dir", env="DATA_DIR", default=None,
         help="Directory holding the dataset files (MNIST IDX, CIFAR-10 python batches).")
 @option("--attack", env="ATTACK", default="none",
-        type=click.Choice(["none", "gaussian", "omniscient", "signflip", "alie", "ipm"]),
+        type=click.Choice(WORKER_ATTACKS),
         help="Make this worker Byzantine (classic model): the vector it sends.")
 @int_list_option("--byzantine-workers", env="BYZANTINE_WORKERS",
                  help="All colluding Byzantine worker ids (default: only this worker).")
