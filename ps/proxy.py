@@ -38,7 +38,7 @@ from common.protocol import (
     encode,
     split_envelope,
 )
-from common.sockets import configure
+from common.sockets import configure, write_ready_file
 from ps.corruption import ShardCorruptor
 
 log = logging.getLogger("ps.proxy")
@@ -120,8 +120,7 @@ class Proxy:
                 welcome.shard, welcome.start, welcome.stop, self.endpoint,
                 self.options.server, self.attack.proxy_attack,
             )
-            if self.options.ready_file:
-                _write_atomically(self.options.ready_file, self.endpoint + "\n")
+            write_ready_file(self.options.ready_file, self.endpoint)
             self._relay(front, back)
         finally:
             front.close(linger=1000)
@@ -250,9 +249,3 @@ class Proxy:
                                 "corrupted_values": tally.corrupted,
                                 "unparsed_relayed": self.state.relayed_unparsed})
             del self.state.tallies[round_]
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -9,7 +9,6 @@ parked and answered when the round completes.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -43,7 +42,7 @@ from common.protocol import (
     split_envelope,
 )
 from common.sharding import shard_ranges
-from common.sockets import configure
+from common.sockets import configure, write_ready_file
 from server.checkpoint import Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from server.shard import Refused, ShardState
 
@@ -117,7 +116,7 @@ class ServerNode:
                 self.state.shard, self.cfg.num_shards, self.start, self.stop, self.d,
                 self.endpoint, self.cfg.rule, self.cfg.num_workers, self.cfg.q, self.cfg.rounds,
             )
-            self._write_ready_file()
+            write_ready_file(self.options.ready_file, self.endpoint)
             self._serve(sock)
         finally:
             self._save_checkpoint()
@@ -296,14 +295,6 @@ class ServerNode:
     @staticmethod
     def _send(sock: zmq.Socket, envelope: list[Any], header, tensor: np.ndarray | None = None):
         sock.send_multipart(join_envelope(envelope, encode(header, tensor)), copy=False)
-
-    def _write_ready_file(self) -> None:
-        path = self.options.ready_file
-        if path is None:
-            return
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.endpoint + "\n", encoding="utf-8")
-        os.replace(tmp, path)
 
     def _save_checkpoint(self) -> None:
         """Write the shard's parameters and round (atomically) to ``shard-<s>.npz``."""
