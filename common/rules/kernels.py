@@ -411,7 +411,8 @@ def generated_kernel(n: int, kind: str, m: int) -> Callable[..., None]:
         tmp.write_text(source)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot import the generated kernel {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # numba's cache re-imports a kernel's module by name
     spec.loader.exec_module(module)
