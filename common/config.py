@@ -193,9 +193,6 @@ class AttackConfig:
     def is_byzantine(self, worker: int) -> bool:
         return self.worker_attack != "none" and worker in self.byzantine_workers
 
-    def proxied(self, shard: int) -> bool:
-        return shard in self.proxy_shards
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

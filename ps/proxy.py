@@ -91,9 +91,7 @@ class Proxy:
         self.state = _State()
         self.stop_event = threading.Event()
         self.corruptor: ShardCorruptor | None = None
-        out = options.out_dir
         self.metrics: JsonlWriter | None = None
-        self._metrics_dir = out
         self.endpoint = ""
 
     def request_stop(self, *_: Any) -> None:
@@ -108,7 +106,7 @@ class Proxy:
             self.corruptor = ShardCorruptor(
                 self.cfg, self.attack, welcome.shard, welcome.start, welcome.stop
             )
-            out = self._metrics_dir
+            out = self.options.out_dir
             self.metrics = JsonlWriter(out / f"proxy-{welcome.shard}.jsonl" if out else None)
             try:
                 front.bind(self.options.bind)

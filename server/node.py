@@ -12,8 +12,7 @@ import logging
 import signal
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +72,6 @@ class _Parked:
     round: int
 
 
-@dataclass
-class _Traffic:
-    bytes_in: int = 0
-    requests: Counter[str] = field(default_factory=Counter)
-
-
 class ServerNode:
     """One shard's server process: owns the socket, the shard state and the metrics."""
 
@@ -91,7 +84,7 @@ class ServerNode:
         if options.resume:
             self._resume()
         self.parked: list[_Parked] = []
-        self.traffic = _Traffic()
+        self.bytes_in = 0
         self.evaluators_waiting: set[bytes] = set()
         self.stop_event = threading.Event()
         out = options.out_dir
@@ -136,7 +129,8 @@ class ServerNode:
             if self.state.finished:
                 finished_at = finished_at or time.monotonic()
                 lingering = time.monotonic() - finished_at < self.options.linger_s
-                if not lingering or not self._someone_may_read():
+                # linger only for an evaluator that has not read the final round
+                if not lingering or not self.evaluators_waiting:
                     log.info("run finished after %d rounds; exiting", self.cfg.rounds)
                     return
             if sock.poll(POLL_MS, zmq.POLLIN):
@@ -144,14 +138,10 @@ class ServerNode:
                 while sock.poll(0, zmq.POLLIN):
                     self._handle(sock, sock.recv_multipart(copy=False))
 
-    def _someone_may_read(self) -> bool:
-        """Linger for an evaluator that said hello but has not read the final round."""
-        return bool(self.evaluators_waiting)
-
     # -- requests ----------------------------------------------------------------
 
     def _handle(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
-        self.traffic.bytes_in += sum(len(f) for f in frames)
+        self.bytes_in += sum(len(f) for f in frames)
         try:
             envelope, body = split_envelope(frames)
         except ProtocolError as exc:
@@ -170,7 +160,6 @@ class ServerNode:
             self._send(sock, envelope, self._error(ErrorCode.MALFORMED, str(exc)))
             return
         header = msg.header
-        self.traffic.requests[type(header).__name__] += 1
         try:
             if isinstance(header, Hello):
                 self._on_hello(sock, envelope, header)
@@ -251,7 +240,7 @@ class ServerNode:
                 "aggregation_ms": round(m.aggregation_ms, 3),
                 "nonfinite_values": m.nonfinite_values,
                 "params_finite": m.params_finite,
-                "bytes_in": self.traffic.bytes_in,
+                "bytes_in": self.bytes_in,
                 "errors": sum(self.state.counters.values()),
                 "rule_info": m.rule_info,
             }

@@ -32,8 +32,6 @@ from common.protocol import (
     ProtocolError,
     Pull,
     Push,
-    Status,
-    StatusReply,
     Welcome,
     decode,
     encode,
@@ -213,14 +211,6 @@ class ClusterClient:
             log.info("re-pushed round %d to %s: %s", round_, link.endpoint, type(reply).__name__)
         else:
             link.reopen()
-
-    def status(self) -> list[StatusReply]:
-        status = encode(Status())
-        results = self._gather(
-            dict.fromkeys(range(len(self.links)), status),
-            dict.fromkeys(range(len(self.links)), lambda m: _expect(m, StatusReply)),
-        )
-        return [results[s] for s in range(len(self.links))]
 
     # -- machinery ---------------------------------------------------------------
 
