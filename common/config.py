@@ -1,74 +1,93 @@
-"""The run configuration every role shares, validated in one place.
+"""The run configuration every role shares, and the attack scenario of a run.
 
-``RunConfig`` holds what must be identical on every node of a run (model,
-data, n, S, rule, q, learning rate, batch, rounds, seed). Its ``config_hash``
-is compared at the HELLO handshake, so a mis-configured process is refused
-with a message naming the settings that differ.
+``RunConfig`` holds what must be identical on every node of a run (model, data, n,
+S, rule, q, learning rate, batch, rounds, seed). Its ``config_hash`` is compared at
+the HELLO handshake, so a mis-configured process is refused with a message naming
+the settings that differ.
 
-``AttackConfig`` holds the Byzantine behaviour (which workers lie and how,
-what the man-in-the-middle proxy corrupts). It is deliberately *not* part of
-the hash: an attacker does not announce itself. The in-process reference
-engine needs both to reproduce a cluster run bit for bit.
+``AttackConfig`` holds the Byzantine behaviour (which workers lie and how, what the
+man-in-the-middle proxy corrupts, and every attack's parameters). It is deliberately
+*not* part of the hash: an attacker does not announce itself. The in-process
+reference engine needs both to reproduce a cluster run bit for bit.
+
+Each field is a setting (``common.settings``): its flag, variable, help and range are
+declared here once. Validation only checks; it never builds a rule or a model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from common.attacks import BITFLIP_PAPER_BITS, BITFLIP_PAPER_COORDS, VECTOR_ATTACKS
-from common.data import DATASET_NAMES
+from common.attacks import ATTACKS, NO_ATTACK, Attack, VectorAttack, attack_class, attack_names
+from common.data import dataset_names
 from common.errors import ConfigError
-from common.models import MODEL_NAMES
-from common.rules import RuleError, make_rule
-
-PROXY_ATTACKS = ("none", "gambler", "bitflip", "gaussian", "omniscient")
+from common.models import MODELS
+from common.rules import RuleError, rule_class, rule_names
+from common.settings import (
+    LAUNCHERS,
+    PROXY,
+    ROLES,
+    WORKER,
+    check_ranges,
+    declared,
+    hashed_values,
+    setting,
+    take,
+)
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Settings shared by every server, worker, proxy and evaluator of one run."""
 
-    model: str = "mlp"
-    dataset: str = "fashion-mnist"
-    num_workers: int = 20
-    num_shards: int = 4
-    rule: str = "marmed"
-    q: int | None = None
-    multikrum_m: int | None = None
-    lr: float = 0.1
-    batch_size: int = 32
-    rounds: int = 500
-    seed: int = 0
+    model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN.",
+                         roles=ROLES, hashed=True, choices=lambda: tuple(MODELS))
+    dataset: str = setting("fashion-mnist", "Training data; fashion-mnist is found at "
+                           "Debian's /usr/share/datasets/fashion-mnist, the others read "
+                           "--data-dir.", roles=ROLES, hashed=True, choices=dataset_names)
+    num_workers: int = setting(20, "Number of workers n (every server waits for n pushes "
+                               "per round).", flag="--workers", short="-n",
+                               roles=ROLES, hashed=True, minimum=1)
+    num_shards: int = setting(4, "Number of server nodes S; the model is split into S "
+                              "contiguous shards.", flag="--shards", short="-S",
+                              roles=ROLES, hashed=True, minimum=1)
+    rule: str = setting("marmed", "Aggregation rule (see the README's table).", roles=ROLES,
+                        hashed=True, choices=rule_names)
+    q: int | None = setting(None, "Byzantine values tolerated per coordinate (Krum: 2q+2 < n; "
+                            "MeaMed: q <= ceil(n/2)-1). Default: (n-3)//2, the paper's 8 for "
+                            "n=20; Bulyan (n-3)//4.", roles=ROLES, hashed=True, minimum=0)
+    multikrum_m: int | None = setting(None, "Multi-Krum: number of vectors averaged "
+                                      "(default n-q).", roles=ROLES, hashed=True, minimum=1)
+    lr: float = setting(0.1, "Learning rate.", roles=ROLES, hashed=True)
+    batch_size: int = setting(32, "Minibatch size per worker and round.", roles=ROLES,
+                              hashed=True, minimum=1)
+    rounds: int = setting(500, "Synchronous rounds to run.", roles=ROLES, hashed=True,
+                          minimum=1)
+    seed: int = setting(0, "Run seed: model init, data partition, minibatches, attacks.",
+                        roles=ROLES, hashed=True, minimum=0)
 
     def validate(self) -> RunConfig:
         """Raise ``ConfigError`` naming the offending setting.
 
         Returns the validated configuration, with ``q`` resolved when it was left
-        unset (``None``): see ``default_q``.
+        unset (``None``): the rule's ``default_q``.
         """
+        check_ranges(self)
+        rule = rule_class(self.rule)
         if self.q is None:
-            return replace(self, q=default_q(self.rule, self.num_workers)).validate()
-        if self.model not in MODEL_NAMES:
-            raise ConfigError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
-        if self.dataset not in DATASET_NAMES:
+            return replace(self, q=rule.default_q(self.num_workers)).validate()
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not self.q < self.num_workers:
             raise ConfigError(
-                f"dataset must be one of {', '.join(DATASET_NAMES)}, got {self.dataset!r}"
-            )
-        _require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
-        _require(self.num_shards >= 1, f"num_shards must be >= 1, got {self.num_shards}")
-        _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        _require(self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}")
-        _require(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
-        _require(
-            0 <= self.q < self.num_workers,
-            f"q must satisfy 0 <= q < num_workers={self.num_workers}, got {self.q}",
-        )
+                f"q must satisfy 0 <= q < num_workers={self.num_workers}, got {self.q}")
         try:
-            make_rule(self.rule, self.num_workers, self.q, **self.rule_options())
+            rule.check(self.num_workers, self.q, **self.rule_options())
         except RuleError as exc:
             raise ConfigError(f"rule {self.rule!r}: {exc}") from exc
         return self
@@ -80,32 +99,36 @@ class RunConfig:
         return {}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        """Build from a plain dict (e.g. a peer's HELLO), rejecting unknown keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
-        return cls(**data)
+        return hashed_values(self)
 
     @property
     def config_hash(self) -> str:
-        """Stable 16-hex-digit hash of the canonical JSON of every setting."""
+        """Stable 16-hex-digit hash of the canonical JSON of every hashed setting."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
-    def differences(self, other: dict[str, Any]) -> list[str]:
-        """Human-readable ``name: ours != theirs`` for each setting that differs."""
+    def differences(self, other: Mapping[Any, Any]) -> list[str]:
+        """Human-readable ``name: ours != theirs`` for each setting that differs.
+
+        ``other`` comes from a peer: any key or value is compared as it is, never trusted.
+        """
         ours = self.to_dict()
-        names = sorted(set(ours) | set(other))
+        theirs = {k if isinstance(k, str) else repr(k): v for k, v in other.items()}
+        names = sorted(set(ours) | set(theirs))
+        missing = "<missing>"
         return [
-            f"{k}: {ours.get(k, '<missing>')!r} != {other.get(k, '<missing>')!r}"
+            f"{k}: {ours.get(k, missing)!r} != {theirs.get(k, missing)!r}"
             for k in names
-            if ours.get(k, "<missing>") != other.get(k, "<missing>")
+            if ours.get(k, missing) != theirs.get(k, missing)
         ]
+
+
+def _worker_attacks() -> tuple[str, ...]:
+    return attack_names(WORKER)
+
+
+def _proxy_attacks() -> tuple[str, ...]:
+    return attack_names(PROXY)
 
 
 @dataclass(frozen=True)
@@ -114,94 +137,103 @@ class AttackConfig:
 
     * ``worker_attack`` on ``byzantine_workers``: the classic model, whole vectors,
       computed by the Byzantine worker processes themselves;
-    * ``proxy_attack`` on the shards in ``proxy_shards``: the man-in-the-middle
-      proxy; gambler/bitflip are value-level (generalized model), gaussian and
-      omniscient replace the shards of ``proxy_victims`` (classic model).
+    * ``proxy_attack`` on the shards in ``proxy_shards``: the man-in-the-middle proxy;
+      value-level attacks (gambler, bitflip) corrupt every push (generalized model),
+      vector attacks replace the pushes of ``proxy_victims`` (classic model);
+    * ``params``: every registered attack with its parameters (defaults where not given).
     """
 
-    byzantine_workers: tuple[int, ...] = ()
-    worker_attack: str = "none"
-    proxy_shards: tuple[int, ...] = ()
-    proxy_attack: str = "none"
-    proxy_victims: tuple[int, ...] = ()
-    corrupt_params: bool = False
-    gambler_p: float = 5e-4
-    gambler_scale: float = -1e20
-    bitflip_bits: tuple[int, ...] = BITFLIP_PAPER_BITS
-    bitflip_coords: int = BITFLIP_PAPER_COORDS
-    gaussian_sd: float = 200.0
-    omniscient_scale: float = 1e20
-    signflip_scale: float = 1.0
-    alie_z: float | None = None
-    ipm_epsilon: float = 0.1
+    worker_attack: str = setting(NO_ATTACK, "Classic model: what the --byzantine-workers "
+                                 "send.", roles=(WORKER, *LAUNCHERS), choices=_worker_attacks)
+    byzantine_workers: tuple[int, ...] = setting(
+        (), "Ids of the (colluding) Byzantine workers, e.g. 0,1,2 (ps-worker: default this "
+        "worker when --worker-attack is given).", roles=(WORKER, *LAUNCHERS), minimum=0)
+    proxy_attack: str = setting(NO_ATTACK, "Man-in-the-middle corruption by a ps-proxy: "
+                                "gambler/bitflip on every push value (generalized model), a "
+                                "vector attack on the pushes of --proxy-victims.",
+                                roles=(PROXY, *LAUNCHERS), choices=_proxy_attacks)
+    proxy_shards: tuple[int, ...] = setting(
+        (), "Shards whose server has a proxy in front (default 0 when --proxy-attack).",
+        roles=LAUNCHERS, minimum=0)
+    proxy_victims: tuple[int, ...] = setting(
+        (), "Workers whose pushes a proxy's vector attack replaces.",
+        roles=(PROXY, *LAUNCHERS), minimum=0)
+    corrupt_params: bool = setting(False, "Proxies also corrupt PARAMS replies to workers "
+                                   "(gambler/bitflip).", roles=(PROXY, *LAUNCHERS))
+    params: Mapping[str, Attack] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        given = dict(self.params)
+        unknown = sorted(set(given) - set(ATTACKS))
+        if unknown:
+            raise ConfigError(f"parameters for unknown attacks: {', '.join(unknown)}")
+        full = {}
+        for name, cls in ATTACKS.items():
+            value = given.get(name, {})
+            full[name] = value if isinstance(value, Attack) else cls(**value)
+        object.__setattr__(self, "params", full)
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any] | None = None, roles: frozenset[str] = LAUNCHERS,
+              **given: Any) -> AttackConfig:
+        """From command values keyed by parameter name (``gambler_p=...``, as click gives
+        them) and scenario fields (``proxy_attack="gambler"``); ``given`` may hold both."""
+        parameters = {d.param for a in ATTACKS.values() for d in declared(a)}
+        values = {**(values or {}), **{k: v for k, v in given.items() if k in parameters}}
+        scenario = {k: v for k, v in given.items() if k not in parameters}
+        params = {name: take(a, values, roles) for name, a in ATTACKS.items()}
+        return take(cls, values, roles, params=params, **scenario)
+
+    def attack(self, name: str) -> Attack:
+        """Attack ``name`` with this run's parameters."""
+        attack_class(name)
+        return self.params[name]
 
     def validate(self, cfg: RunConfig) -> AttackConfig:
-        """Check the attack settings against the run; raise ``ConfigError``."""
+        """Check the attack settings against the run; raise ``ConfigError``.
+
+        Returns the validated configuration, with ``proxy_shards`` defaulting to (0,)
+        when a proxy attack is given without shards.
+        """
+        if self.proxy_attack != NO_ATTACK and not self.proxy_shards:
+            return replace(self, proxy_shards=(0,)).validate(cfg)
+        check_ranges(self)
+        for params in self.params.values():
+            check_ranges(params)
         n, s = cfg.num_workers, cfg.num_shards
-        attacks = ("none", *VECTOR_ATTACKS)
-        _require(
-            self.worker_attack in attacks,
-            f"worker attack must be one of {', '.join(attacks)}, got {self.worker_attack!r}",
-        )
-        _require(
-            self.proxy_attack in PROXY_ATTACKS,
-            f"proxy attack must be one of {', '.join(PROXY_ATTACKS)}, got {self.proxy_attack!r}",
-        )
         _check_ids("byzantine worker", self.byzantine_workers, n)
         _check_ids("proxy victim worker", self.proxy_victims, n)
         _check_ids("proxy shard", self.proxy_shards, s)
-        if self.worker_attack != "none":
-            _require(
-                bool(self.byzantine_workers),
-                f"worker attack {self.worker_attack!r} needs at least one byzantine worker",
-            )
-            _require(
-                len(self.byzantine_workers) < n,
-                "at least one worker must be honest for a worker attack",
-            )
-        if self.proxy_attack in ("gaussian", "omniscient"):
-            _require(
-                bool(self.proxy_victims),
-                f"proxy attack {self.proxy_attack!r} needs --proxy-victims (worker ids)",
-            )
-            _require(len(self.proxy_victims) < n, "at least one proxy victim must stay honest")
-        _require(0.0 <= self.gambler_p <= 1.0, f"gambler p must be in [0, 1], got {self.gambler_p}")
-        _require(
-            all(0 <= b <= 31 for b in self.bitflip_bits) and len(self.bitflip_bits) > 0,
-            f"bit-flip bits must be 0..31, got {self.bitflip_bits}",
-        )
-        _require(
-            self.bitflip_coords >= 0, f"bit-flip coords must be >= 0, got {self.bitflip_coords}"
-        )
-        _require(self.gaussian_sd >= 0, f"gaussian sd must be >= 0, got {self.gaussian_sd}")
-        _require(
-            not self.corrupt_params or self.proxy_attack in ("gambler", "bitflip"),
-            "corrupting PARAMS replies needs a value-level proxy attack (gambler or bitflip)",
-        )
+        if self.worker_attack != NO_ATTACK:
+            _require(bool(self.byzantine_workers),
+                     f"worker attack {self.worker_attack!r} needs at least one byzantine worker")
+            _require(len(self.byzantine_workers) < n,
+                     "at least one worker must be honest for a worker attack")
+            self.attack(self.worker_attack).check(n, len(self.byzantine_workers))
+        if self.proxy_attack != NO_ATTACK:
+            proxy = self.attack(self.proxy_attack)
+            if self.vector_proxy:
+                _require(bool(self.proxy_victims),
+                         f"proxy attack {self.proxy_attack!r} needs --proxy-victims (worker ids)")
+                _require(len(self.proxy_victims) < n, "at least one proxy victim must stay honest")
+            proxy.check(n, len(self.proxy_victims))
+        _require(not self.corrupt_params or (self.proxy_attack != NO_ATTACK
+                                             and not self.vector_proxy),
+                 "corrupting PARAMS replies needs a value-level proxy attack (gambler or bitflip)")
         return self
 
-    def vector_attack_kwargs(self, name: str, n: int) -> dict[str, Any]:
-        """Keyword parameters of the vector attack ``name`` from these settings."""
-        return {
-            "gaussian": {"sd": self.gaussian_sd},
-            "omniscient": {"scale": self.omniscient_scale},
-            "signflip": {"scale": self.signflip_scale},
-            "alie": {"z": self.alie_z, "n": n},
-            "ipm": {"epsilon": self.ipm_epsilon},
-        }[name]
+    @property
+    def vector_proxy(self) -> bool:
+        """The proxy replaces whole pushes of its victims (classic model)."""
+        return isinstance(self.params.get(self.proxy_attack), VectorAttack)
 
     def is_byzantine(self, worker: int) -> bool:
-        return self.worker_attack != "none" and worker in self.byzantine_workers
+        return self.worker_attack != NO_ATTACK and worker in self.byzantine_workers
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def default_q(rule: str, n: int) -> int:
-    """The q used when none is given: the largest Krum allows, (n-3)//2 (the paper's
-    q = 8 for n = 20), or (n-3)//4 for Bulyan (n >= 4q+3); never negative."""
-    bound = (n - 3) // 4 if rule == "bulyan" else (n - 3) // 2
-    return max(0, bound)
+        out = {d.name: getattr(self, d.name) for d in declared(AttackConfig)}
+        out["params"] = {name: dataclasses.asdict(a) for name, a in self.params.items()}
+        return out
 
 
 def _require(ok: bool, message: str) -> None:
@@ -213,3 +245,4 @@ def _check_ids(what: str, ids: tuple[int, ...], limit: int) -> None:
     for i in ids:
         _require(0 <= i < limit, f"{what} id {i} out of range 0..{limit - 1}")
     _require(len(set(ids)) == len(ids), f"duplicate {what} ids in {ids}")
+

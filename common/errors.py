@@ -3,6 +3,7 @@
 Exit codes (documented in the README and every ``--help``):
 
 * 0  the run finished;
+* 1  internal error: a bug, reported with its traceback;
 * 2  configuration error (bad option, bad file, refused handshake);
 * 3  protocol or peer error (a peer sent something this process cannot use);
 * 4  timeout (the cluster stayed unreachable or a round never completed);
@@ -12,16 +13,22 @@ Exit codes (documented in the README and every ``--help``):
 from __future__ import annotations
 
 EXIT_OK = 0
+EXIT_INTERNAL = 1
 EXIT_CONFIG = 2
 EXIT_PEER = 3
 EXIT_TIMEOUT = 4
 EXIT_INTERRUPTED = 130
 
+EXIT_CODES_TEXT = (
+    "Exit codes: 0 finished, 1 internal error (a bug; traceback in the log), "
+    "2 configuration error, 3 protocol/peer error, 4 timeout, 130 interrupted."
+)
+
 
 class PSError(Exception):
     """Base of the errors that end a process with a meaningful exit code."""
 
-    exit_code = 1
+    exit_code = EXIT_INTERNAL
 
 
 class ConfigError(PSError, ValueError):
@@ -40,3 +47,9 @@ class ClusterTimeout(PSError):
     """The cluster stayed unreachable, or a request got no answer in time."""
 
     exit_code = EXIT_TIMEOUT
+
+
+class Interrupted(PSError):
+    """SIGTERM or SIGINT asked the process to stop before its run finished."""
+
+    exit_code = EXIT_INTERRUPTED

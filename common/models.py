@@ -18,18 +18,25 @@ The parameter server works on the flat float32 vector x of all parameters, in
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from torch import nn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from common.errors import ConfigError
 from common.seeding import derive_int_seed
 
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn")
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 _DROPOUT = 0.2
 
 
 def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    from torch import nn
+
     c, h, w = input_shape
     return nn.Sequential(
         nn.Flatten(),
@@ -42,6 +49,8 @@ def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 
 
 def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    from torch import nn
+
     c, h, w = input_shape
     if h < 4 or w < 4:
         raise ValueError(f"the CNN needs inputs of at least 4x4 (two 2x2 poolings), got {h}x{w}")
@@ -70,7 +79,20 @@ def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     )
 
 
-_BUILDERS = {"mlp": _mlp, "cnn": _cnn}
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: a one-line summary and its builder (input shape, classes)."""
+
+    summary: str
+    build: Callable[[tuple[int, int, int], int], nn.Module]
+
+
+MODELS: dict[str, ModelSpec] = {
+    "mlp": ModelSpec("the paper's MLP: fc 128 - ReLU - fc 128 - ReLU - fc classes", _mlp),
+    "cnn": ModelSpec("the paper's CNN: 2x(conv 32) - pool - 2x(conv 64) - pool - 2x(fc 512)",
+                     _cnn),
+}
+"""Every model by name (the choices of ``--model``)."""
 
 
 def build_model(
@@ -82,8 +104,10 @@ def build_model(
     ``derive_int_seed(seed, "model-init")``: the same seed gives bit-identical parameters
     and the global torch RNG state is left untouched.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    import torch
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
     if len(input_shape) != 3 or any(int(s) < 1 for s in input_shape):
         raise ValueError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape}")
     if num_classes < 2:
@@ -91,7 +115,7 @@ def build_model(
     shape = (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_int_seed(seed, "model-init"))
-        model = _BUILDERS[name](shape, int(num_classes))
+        model = MODELS[name].build(shape, int(num_classes))
     return model.float()
 
 
@@ -102,12 +126,16 @@ def num_parameters(model: nn.Module) -> int:
 
 def flatten_parameters(model: nn.Module) -> torch.Tensor:
     """A 1-D float32 copy of all parameters, in ``model.parameters()`` order."""
+    import torch
+
     with torch.no_grad():
         return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
 
 
 def load_flat_parameters(model: nn.Module, flat: torch.Tensor | np.ndarray) -> None:
     """Copy a 1-D float32 vector (tensor or numpy array) into the model's parameters."""
+    import torch
+
     if isinstance(flat, np.ndarray):
         if flat.dtype != np.float32:
             raise ValueError(f"flat parameters must be float32, got numpy {flat.dtype}")
@@ -134,6 +162,8 @@ def load_flat_parameters(model: nn.Module, flat: torch.Tensor | np.ndarray) -> N
 
 def flatten_gradients(model: nn.Module) -> torch.Tensor:
     """A 1-D float32 vector of the parameters' ``.grad`` (zeros where it is None)."""
+    import torch
+
     parts = [
         torch.zeros(p.numel(), dtype=torch.float32)
         if p.grad is None

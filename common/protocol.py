@@ -7,8 +7,8 @@ A message is a list of ZeroMQ frames::
 The header is a msgpack map with the protocol version ``v``, the ``op`` code
 and the op's fields; tensors never travel inside msgpack and nothing is ever
 pickled. A tensor is little-endian float32, sent as one or more raw frames of
-at most ``CHUNK_BYTES`` each (large single frames are slow on glibc, see
-``shared/perf-notes.md``); the header states the element count and dtype and
+at most ``CHUNK_BYTES`` each (measured: frames above about 32 MB are slow, as each
+large allocation is a fresh mmap in glibc); the header states the element count and dtype and
 the decoder checks that the frames hold exactly that many bytes.
 
 On a server the ROUTER socket sees ``[routing envelope..., b"", header,
@@ -65,14 +65,12 @@ class ErrorCode(str, enum.Enum):
     """Why a request was refused (sent in ERROR replies, counted by servers)."""
 
     MALFORMED = "malformed"
-    VERSION = "version"
     CONFIG_MISMATCH = "config-mismatch"
     UNKNOWN_WORKER = "unknown-worker"
     WRONG_ROUND = "wrong-round"
     STALE_ROUND = "stale-round"
     DUPLICATE = "duplicate"
     WRONG_LENGTH = "wrong-length"
-    NON_FINITE = "non-finite"
     FINISHED = "finished"
     UNEXPECTED = "unexpected"
 

@@ -4,7 +4,7 @@ Every random stream of the system (data sampling, dropout, attacks) is derived
 from the run seed plus a role name and integer coordinates such as
 (round, worker, shard), so that a result never depends on process layout or
 message arrival order. The multi-process cluster and the in-process reference
-engine (``ps/simulate.py``) therefore draw exactly the same numbers.
+engine (``ps/reference/engine.py``) therefore draw exactly the same numbers.
 """
 
 from __future__ import annotations

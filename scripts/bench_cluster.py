@@ -15,8 +15,9 @@ import torch
 
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
-from ps.cluster import Cluster, ClusterSpec
-from ps.simulate import simulate
+from ps.launcher.cluster import Cluster, ClusterSpec
+from ps.launcher.options import ClusterOptions
+from ps.reference.engine import simulate
 
 
 @click.command(context_settings={"show_default": True})
@@ -31,10 +32,10 @@ def main(workers: int, shards: int, rule: str, dataset: str, rounds: int, proxy_
          json_path: Path | None) -> None:
     cfg = RunConfig(dataset=dataset, num_workers=workers, num_shards=shards, rule=rule,
                     rounds=rounds).validate()
-    attack = AttackConfig(proxy_attack=proxy_attack,
-                          proxy_shards=(0,) if proxy_attack != "none" else ()).validate(cfg)
+    attack = AttackConfig(proxy_attack=proxy_attack).validate(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=Path(tmp), evaluator=False)
+        spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=Path(tmp),
+                           cluster=ClusterOptions(no_evaluator=True))
         cluster = Cluster(spec).run()
     # steady state: rounds/s from the servers' timestamps, start-up excluded
     cluster_rps = cluster.progress.rounds_per_s

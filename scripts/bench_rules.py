@@ -66,13 +66,8 @@ def timings(fn: Callable[[], object], repeat: int) -> list[float]:
     show_default=True,
     help="Number of coordinates (columns); repeat the option for several.",
 )
-@click.option(
-    "--repeat",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Timed calls per rule (fewer for slow rules, see --budget).",
-)
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed calls per rule (fewer for slow rules, see --budget).")
 @click.option(
     "--rules", default="all", show_default=True, help="Comma-separated rule names, or 'all'."
 )
@@ -83,13 +78,8 @@ def timings(fn: Callable[[], object], repeat: int) -> list[float]:
     help="q for every rule [default: per rule, the largest q Krum allows "
     "(8 for n=20), capped by the rule's own precondition].",
 )
-@click.option(
-    "--budget",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    help="Seconds per rule and (n, d): slow rules get fewer timed calls.",
-)
+@click.option("--budget", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds per rule and (n, d): slow rules get fewer timed calls.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--json",

@@ -1,14 +1,17 @@
-"""Atomic checkpoints of one shard: its parameters and the round they belong to.
+"""Atomic, durable checkpoints of one shard: its parameters and the round they belong to.
 
 A checkpoint is one ``.npz`` file (numpy arrays only, loaded with
-``allow_pickle=False``) written to a temporary name and renamed over the old
-one, so a crash leaves either the previous or the new checkpoint, never a torn
-file. It records the configuration hash: resuming under other settings is
+``allow_pickle=False``) written to a temporary name, flushed and fsynced, renamed over
+the old one, and the directory fsynced: a crash or a power cut leaves either the
+previous or the new checkpoint, never a torn file. A failed write removes its
+temporary file. It records the configuration hash: resuming under other settings is
 refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +36,24 @@ def checkpoint_path(out_dir: Path, shard: int) -> Path:
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    """Write ``ckpt`` to ``path`` atomically."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, shard=np.int64(ckpt.shard), round=np.int64(ckpt.round),
-             config_hash=np.array(ckpt.config_hash), params=ckpt.params)
-    os.replace(tmp, path)
+    """Write ``ckpt`` to ``path`` atomically and durably; ``OSError`` if it cannot."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            np.savez(f, shard=np.int64(ckpt.shard), round=np.int64(ckpt.round),
+                     config_hash=np.array(ckpt.config_hash), params=ckpt.params)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -52,3 +68,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
             )
     except (OSError, KeyError, ValueError) as exc:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
+def params_digest(params: np.ndarray) -> str:
+    """SHA-256 of the float32 little-endian bytes of a parameter vector."""
+    return hashlib.sha256(np.ascontiguousarray(params, dtype="<f4").tobytes()).hexdigest()
+
+
+def final_parameters(out_dir: Path, num_shards: int) -> np.ndarray:
+    """The whole model vector of a finished run: its shards' checkpoints, in order."""
+    return np.concatenate([load_checkpoint(checkpoint_path(out_dir, s)).params
+                           for s in range(num_shards)])

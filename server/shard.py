@@ -2,22 +2,22 @@
 
 Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr * Aggr({g_{i,s}^t : i in [n]}),
 with the n gradient shards ordered by worker id and Aggr the configured rule,
-applied locally and coordinate-wise. The ZeroMQ loop (``server/node.py``) and
-the in-process reference engine (``ps/simulate.py``) both drive this class,
+applied locally and coordinate-wise. The server's core (``server/core.py``) and
+the in-process reference engine (``ps/reference/engine.py``) both drive this class,
 which is what makes their results bit-identical.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from common.config import RunConfig
-from common.protocol import ErrorCode
+from common.errors import ConfigError
+from common.protocol import ErrorCode, Message
 from common.rules import make_rule
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
@@ -57,12 +57,14 @@ class ShardState:
         self.grads = np.empty((cfg.num_workers, self.size), dtype=np.float32)
         self.received = np.zeros(cfg.num_workers, dtype=bool)
         self.history: dict[int, np.ndarray] = {0: self.params}
-        self.counters: Counter[str] = Counter()
 
     def restore(self, round_: int, params: np.ndarray) -> None:
         """Continue at ``round_`` with ``params`` (from a checkpoint)."""
         if not 0 <= round_ <= self.cfg.rounds:
-            raise ValueError(f"round {round_} outside 0..{self.cfg.rounds}")
+            raise ConfigError(f"checkpoint round {round_} outside 0..{self.cfg.rounds}")
+        if params.size != self.size:
+            raise ConfigError(f"checkpoint holds {params.size} values, shard {self.shard} "
+                              f"has {self.size}")
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.round = round_
         self.received[:] = False
@@ -96,8 +98,14 @@ class ShardState:
             )
         return None
 
-    def check_push(self, round_: int, worker: int, length: int) -> np.ndarray:
-        """Validate a push header; return the matrix row its payload must be copied into."""
+    def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
+        """Validate one push and store its values (an array, or a received PUSH message).
+
+        Raises ``Refused`` (UNKNOWN_WORKER, FINISHED, STALE_ROUND, WRONG_ROUND, DUPLICATE,
+        WRONG_LENGTH) without storing anything.
+        """
+        message = isinstance(values, Message)
+        length = values.header.length if message else values.size
         if not 0 <= worker < self.cfg.num_workers:
             raise Refused(
                 ErrorCode.UNKNOWN_WORKER,
@@ -117,17 +125,11 @@ class ShardState:
                 ErrorCode.WRONG_LENGTH,
                 f"push has {length} values, shard {self.shard} has {self.size}",
             )
-        return self.grads[worker]
-
-    def mark_received(self, worker: int) -> None:
-        """Record that ``grads[worker]`` now holds the worker's push for this round."""
+        if message:
+            values.tensor_into(self.grads[worker])
+        else:
+            self.grads[worker] = values
         self.received[worker] = True
-
-    def push(self, round_: int, worker: int, values: np.ndarray) -> None:
-        """Validate and store one push given as an array (the reference engine's path)."""
-        row = self.check_push(round_, worker, values.size)
-        row[:] = values
-        self.mark_received(worker)
 
     def step(self) -> RoundMetrics:
         """Aggregate the complete round and apply x <- x - lr * Aggr; advance the round."""

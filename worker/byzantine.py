@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.attacks import VECTOR_ATTACKS
+from common.attacks import VectorAttack
 from common.config import AttackConfig, RunConfig
-from common.seeding import derive_rng
 from worker.trainer import GradientComputer
 
 
@@ -24,11 +23,9 @@ def honest_workers(cfg: RunConfig, attack: AttackConfig) -> list[int]:
 
 def forge(cfg: RunConfig, attack: AttackConfig, honest: np.ndarray, round_: int) -> np.ndarray:
     """The (len(byzantine_workers), d) vectors the Byzantine workers send at ``round_``."""
-    rng = derive_rng(cfg.seed, "worker-attack", round_)
-    kwargs = attack.vector_attack_kwargs(attack.worker_attack, cfg.num_workers)
-    return VECTOR_ATTACKS[attack.worker_attack](
-        honest, len(attack.byzantine_workers), rng, **kwargs
-    )
+    impl: VectorAttack = attack.attack(attack.worker_attack)  # type: ignore[assignment]
+    return impl.forge_at(honest, len(attack.byzantine_workers), cfg.num_workers, cfg.seed,
+                         "worker-attack", round_)
 
 
 def byzantine_gradient(

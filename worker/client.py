@@ -21,6 +21,7 @@ import zmq
 
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
+from common.process import check_stop
 from common.protocol import (
     Ack,
     Error,
@@ -33,12 +34,14 @@ from common.protocol import (
     Pull,
     Push,
     Welcome,
-    decode,
     encode,
 )
-from common.sockets import configure
+from common.transport import connect_dealer, receive
 
 log = logging.getLogger("ps.client")
+
+# Replies are awaited in slices of at most this long, so a stop request is seen.
+WAIT_SLICE_MS = 250
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,7 @@ class Link:
         self.socket = self._open()
 
     def _open(self) -> zmq.Socket:
-        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0)
-        sock.connect(self.endpoint)
-        return sock
+        return connect_dealer(self.ctx, self.endpoint, linger_ms=0)
 
     def reopen(self) -> None:
         self.socket.close(linger=0)
@@ -70,10 +71,13 @@ class Link:
         self.socket.send_multipart([b"", *frames], copy=False)
 
     def receive(self) -> Message:
-        frames = self.socket.recv_multipart(copy=False)
-        if not frames or len(frames[0]) != 0:
-            raise ProtocolError("reply without the empty delimiter frame")
-        return decode(frames[1:])
+        """The next reply; ``ProtocolError`` if it is malformed."""
+        incoming = receive(self.socket)
+        if incoming.message is None:
+            raise incoming.error
+        if incoming.envelope:
+            raise ProtocolError("reply with a routing envelope before the delimiter")
+        return incoming.message
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -285,10 +289,11 @@ class ClusterClient:
             by_socket[self.links[s].socket] = s
         deadline = time.monotonic() + self.policy.timeout_s
         while pending:
+            check_stop()
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 return
-            for sock, _ in poller.poll(remaining_ms):
+            for sock, _ in poller.poll(min(remaining_ms, WAIT_SLICE_MS)):
                 s = by_socket[sock]
                 endpoint = self.links[s].endpoint
                 try:

@@ -21,8 +21,10 @@ from common.config import RunConfig
 from common.data import Dataset, load_dataset
 from common.metrics import JsonlWriter
 from common.models import build_model, load_flat_parameters
+from common.process import check_stop
 from common.protocol import ErrorCode
 from worker.client import ClusterClient, RetryPolicy, ServerRefused
+from worker.options import ClientOptions, EvalOptions
 
 log = logging.getLogger("ps.evaluator")
 
@@ -65,24 +67,20 @@ class Evaluator:
         return Evaluation(loss=loss_sum / count, top1=top1 / count, top3=top3 / count)
 
 
-def run_evaluator(
-    cfg: RunConfig,
-    endpoints: list[str],
-    data_dir: str | None,
-    every: int,
-    policy: RetryPolicy,
-    out_dir: Path | None,
-    max_samples: int | None = None,
-) -> None:
+def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOptions,
+                  out_dir: Path | None) -> None:
     """Evaluate rounds 0, k, 2k, ... and the last round; write ``evaluator.jsonl``."""
-    dataset = load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
-    evaluator = Evaluator(cfg, dataset, max_samples)
-    client = ClusterClient(endpoints, cfg, "evaluator", -1, policy)
+    every = evaluation.eval_every
+    dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
+    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
+    policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
+    client = ClusterClient(options.endpoints(), cfg, "evaluator", -1, policy)
     metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)
     try:
         client.hello()
         t = 0
         while True:
+            check_stop()
             try:
                 params = client.pull(t)
             except ServerRefused as exc:

@@ -10,28 +10,27 @@ from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
 from common.metrics import JsonlWriter
+from common.process import check_stop
 from worker.byzantine import byzantine_gradient
 from worker.client import ClusterClient, RetryPolicy
+from worker.options import ClientOptions
 from worker.trainer import GradientComputer
 
 log = logging.getLogger("ps.worker")
 
 
-def run_worker(
-    cfg: RunConfig,
-    attack: AttackConfig,
-    endpoints: list[str],
-    worker: int,
-    data_dir: str | None,
-    policy: RetryPolicy,
-    out_dir: Path | None,
-) -> None:
-    """Train as worker ``worker`` until the last round (or resume where the servers are)."""
-    if not 0 <= worker < cfg.num_workers:
-        raise ConfigError(f"worker id must be in 0..{cfg.num_workers - 1}, got {worker}")
-    dataset = load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
+               out_dir: Path | None) -> None:
+    """Train as worker ``options.worker_id`` until the last round (or resume where the
+    servers are)."""
+    worker = options.worker_id
+    if worker is None or not 0 <= worker < cfg.num_workers:
+        raise ConfigError(f"--worker-id must be in 0..{cfg.num_workers - 1}, got {worker}")
+    endpoints = options.endpoints()
+    dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
     byzantine = attack.is_byzantine(worker)
+    policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     client = ClusterClient(endpoints, cfg, "worker", worker, policy)
     metrics = JsonlWriter(out_dir / f"worker-{worker}.jsonl" if out_dir else None)
     try:
@@ -49,6 +48,7 @@ def run_worker(
         )
         x = client.pull(start)
         for t in range(start, cfg.rounds):
+            check_stop()
             began = time.perf_counter()
             if byzantine:
                 g = byzantine_gradient(cfg, attack, computer, x, t, worker)

@@ -18,27 +18,38 @@ rows in selection order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
-from common.rules import kernels
+from common.rules.base import Rule, load_kernels, register_rule
 from common.rules.krum import krum_ranking
-from common.rules.validation import Rule, RuleError
+
+if TYPE_CHECKING:
+    import torch
 
 
+@register_rule
 class Bulyan(Rule):
     """Repeated-Krum selection, then a coordinate-wise mean around the median."""
 
     name = "bulyan"
+    summary = "Krum selection of n-2q, then trimmed around the median"
+    needs = "n >= 4q+3"
+    precondition = staticmethod(lambda n, q: n >= 4 * q + 3)
+
+    @classmethod
+    def default_q(cls, n: int) -> int:
+        """(n-3)//4, the largest q that Bulyan's n >= 4q+3 allows; never negative."""
+        return max(0, (n - 3) // 4)
 
     def __init__(self, n: int, q: int) -> None:
         super().__init__(n, q)
-        if self.n < 4 * self.q + 3:
-            raise RuleError(f"bulyan needs n >= 4q+3, got n={self.n}, q={self.q}")
         self.theta = self.n - 2 * self.q
         self.beta = self.theta - 2 * self.q
 
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, G: torch.Tensor) -> np.ndarray:
+        kernels = load_kernels()
         D2, finite = kernels.squared_distances(kernels.gram64(G))
         remaining = np.arange(self.n)
         selected: list[int] = []
@@ -50,4 +61,4 @@ class Bulyan(Rule):
             remaining = remaining[remaining != best]
         self.last_info = {"selected": selected}
         rows = np.array(selected, dtype=np.int64)
-        return torch.from_numpy(kernels.coordinate_window_mean(G.numpy(), self.beta, rows))
+        return kernels.coordinate_window_mean(G.numpy(), self.beta, rows)

@@ -24,33 +24,49 @@ q is accepted (0 <= q < n) and not used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from common.rules import kernels
+from common.rules.base import (
+    Rule,
+    RuleError,
+    as_int,
+    as_positive_float,
+    load_kernels,
+    register_rule,
+)
 from common.rules.marmed import coordinate_median
-from common.rules.validation import Rule, RuleError, as_int, as_positive_float
+
+if TYPE_CHECKING:
+    import torch
 
 
+@register_rule
 class GeoMed(Rule):
     """Geometric median by smoothed Weiszfeld in coefficient space."""
 
     name = "geomed"
+    summary = "geometric median (Weiszfeld, smoothed; convergence in the metrics)"
     options = ("tol", "max_iter", "eps")
+    tol: float
+    max_iter: int
+    eps: float
 
-    def __init__(
-        self, n: int, q: int, tol: Any = 1e-6, max_iter: Any = 100, eps: Any = 1e-8
-    ) -> None:
-        super().__init__(n, q)
-        self.tol = as_positive_float(tol, "geomed option tol")
-        self.max_iter = as_int(max_iter, "geomed option max_iter")
-        if self.max_iter < 1:
-            raise RuleError(f"geomed option max_iter must be >= 1, got {self.max_iter}")
-        self.eps = as_positive_float(eps, "geomed option eps")
+    @classmethod
+    def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
+        options = super().check(n, q, **options)
+        max_iter = as_int(options.get("max_iter", 100), "geomed option max_iter")
+        if max_iter < 1:
+            raise RuleError(f"geomed option max_iter must be >= 1, got {max_iter}")
+        return {
+            "tol": as_positive_float(options.get("tol", 1e-6), "geomed option tol"),
+            "max_iter": max_iter,
+            "eps": as_positive_float(options.get("eps", 1e-8), "geomed option eps"),
+        }
 
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
+        kernels = load_kernels()
         K = kernels.gram64(G)
         rows = np.flatnonzero(np.isfinite(np.diag(K)))
         if rows.size == 0:
@@ -64,7 +80,7 @@ class GeoMed(Rule):
             "objective": objective,
         }
         X = G if rows.size == self.n else G[rows]
-        return torch.from_numpy(a.astype(np.float32)) @ X
+        return X.new_tensor(a.astype(np.float32)) @ X
 
     def weiszfeld(self, K: np.ndarray) -> tuple[np.ndarray, int, bool, float]:
         """Coefficients of the geometric median of the rows whose Gram matrix is ``K``."""
@@ -91,6 +107,3 @@ class GeoMed(Rule):
             scale = float(np.median(dist))
             converged = bool(step <= self.tol * scale or scale == 0.0)
         return a, iteration, converged, float(dist.sum())
-
-    def __repr__(self) -> str:
-        return f"GeoMed(n={self.n}, q={self.q}, tol={self.tol}, max_iter={self.max_iter})"

@@ -19,14 +19,15 @@ row is finite, both output the coordinate-wise median (MarMed) of all rows and s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from common.rules import kernels
+from common.rules.base import Rule, RuleError, as_int, load_kernels, register_rule
 from common.rules.marmed import coordinate_median
-from common.rules.validation import Rule, RuleError, as_int
+
+if TYPE_CHECKING:
+    import torch
 
 
 def krum_ranking(D2: np.ndarray, finite: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,60 +49,64 @@ def krum_ranking(D2: np.ndarray, finite: np.ndarray, q: int) -> tuple[np.ndarray
     return order, scores
 
 
-def check_krum(name: str, n: int, q: int) -> None:
-    """Krum's precondition 2q + 2 < n."""
-    if not 2 * q + 2 < n:
-        raise RuleError(f"{name} needs 2q+2 < n, got n={n}, q={q}")
+class KrumScored(Rule):
+    """Rules that rank the rows by Krum score (needs 2q + 2 < n); a subclass picks from
+    the ranking in ``choose``. If no row is finite, the output is MarMed."""
 
+    needs = "2q+2 < n"
+    precondition = staticmethod(lambda n, q: 2 * q + 2 < n)
 
-class Krum(Rule):
-    """The row with the lowest Krum score; ``last_info["selected"]``, ``["score"]``."""
-
-    name = "krum"
-
-    def __init__(self, n: int, q: int) -> None:
-        super().__init__(n, q)
-        check_krum(self.name, self.n, self.q)
-
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
+        kernels = load_kernels()
         D2, finite = kernels.squared_distances(kernels.gram64(G))
         if not finite.any():
             self.last_info = {"selected": [], "fallback": "marmed"}
             return coordinate_median(G)
         order, scores = krum_ranking(D2, finite, self.q)
+        return self.choose(G, order, scores, finite)
+
+    def choose(self, G: torch.Tensor, order: np.ndarray, scores: np.ndarray,
+               finite: np.ndarray) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register_rule
+class Krum(KrumScored):
+    """The row with the lowest Krum score; ``last_info["selected"]``, ``["score"]``."""
+
+    name = "krum"
+    summary = "the input with the smallest sum of squared distances to its n-q-2 nearest"
+
+    def choose(self, G: torch.Tensor, order: np.ndarray, scores: np.ndarray,
+               finite: np.ndarray) -> torch.Tensor:
         best = int(order[0])
         self.last_info = {"selected": [best], "score": float(scores[best])}
         return G[best].clone()
 
 
-class MultiKrum(Rule):
+@register_rule
+class MultiKrum(KrumScored):
     """Average of the ``m`` best rows by Krum score; ``last_info["selected"]``."""
 
     name = "multikrum"
+    summary = "average of the m best by Krum score (`--multikrum-m`, default n-q)"
     options = ("m",)
+    m: int
 
-    def __init__(self, n: int, q: int, m: Any = None) -> None:
-        super().__init__(n, q)
-        check_krum(self.name, self.n, self.q)
-        self.m = self.n - self.q if m is None else as_int(m, "multikrum option m")
-        if not 1 <= self.m <= self.n - self.q:
-            raise RuleError(
-                f"multikrum needs 1 <= m <= n-q, got m={self.m}, n={self.n}, q={self.q}"
-            )
+    @classmethod
+    def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
+        options = super().check(n, q, **options)
+        m = n - q if options.get("m") is None else as_int(options["m"], "multikrum option m")
+        if not 1 <= m <= n - q:
+            raise RuleError(f"multikrum needs 1 <= m <= n-q, got m={m}, n={n}, q={q}")
+        return {"m": m}
 
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
-        if not finite.any():
-            self.last_info = {"selected": [], "fallback": "marmed"}
-            return coordinate_median(G)
-        order, scores = krum_ranking(D2, finite, self.q)
+    def choose(self, G: torch.Tensor, order: np.ndarray, scores: np.ndarray,
+               finite: np.ndarray) -> torch.Tensor:
         chosen = [int(i) for i in order[: self.m] if finite[i]]
         self.last_info = {"selected": chosen, "scores": [float(scores[i]) for i in chosen]}
         if not finite.all():  # a zero weight would still turn a NaN row's values into NaN
-            return torch.mean(G[chosen], 0)
-        weights = torch.zeros(self.n)
+            return G[chosen].mean(0)
+        weights = G.new_zeros(self.n)
         weights[chosen] = 1.0 / len(chosen)
         return weights @ G  # one BLAS pass over G, no copy of the chosen rows
-
-    def __repr__(self) -> str:
-        return f"MultiKrum(n={self.n}, q={self.q}, m={self.m})"

@@ -12,21 +12,26 @@ Non-finite values: NaN is read as +inf on even rows and -inf on odd rows (see
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from common.rules import kernels
-from common.rules.validation import Rule
+from common.rules.base import Rule, load_kernels, register_rule
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
-def coordinate_median(G: torch.Tensor) -> torch.Tensor:
+def coordinate_median(G: torch.Tensor) -> np.ndarray:
     """Coordinate-wise median of a contiguous (n, d) float32 CPU tensor."""
-    return torch.from_numpy(kernels.coordinate_median(G.numpy()))
+    return load_kernels().coordinate_median(G.numpy())
 
 
+@register_rule
 class MarMed(Rule):
     """Coordinate-wise median by a vectorised sorting network (``kernels``)."""
 
     name = "marmed"
+    summary = "coordinate-wise median"
 
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, G: torch.Tensor) -> np.ndarray:
         return coordinate_median(G)

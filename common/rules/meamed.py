@@ -17,21 +17,23 @@ q non-finite values in a coordinate they are all dropped and the output is finit
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from common.rules import kernels
-from common.rules.validation import Rule, RuleError, median_bound
+from common.rules.base import Rule, load_kernels, median_bound, register_rule
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
+@register_rule
 class MeaMed(Rule):
     """Mean around the median, by a vectorised sorting network (``kernels``)."""
 
     name = "meamed"
+    summary = "per coordinate, mean of the n-q values nearest the median"
+    needs = "q <= ceil(n/2)-1"
+    precondition = staticmethod(lambda n, q: q <= median_bound(n))
 
-    def __init__(self, n: int, q: int) -> None:
-        super().__init__(n, q)
-        if self.q > median_bound(self.n):
-            raise RuleError(f"meamed needs q <= ceil(n/2)-1, got n={self.n}, q={self.q}")
-
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(kernels.coordinate_window_mean(G.numpy(), self.n - self.q))
+    def aggregate(self, G: torch.Tensor) -> np.ndarray:
+        return load_kernels().coordinate_window_mean(G.numpy(), self.n - self.q)

@@ -8,15 +8,20 @@ non-finite value is filtered here.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from common.rules.validation import Rule
+from common.rules.base import Rule, register_rule
+
+if TYPE_CHECKING:
+    import torch
 
 
+@register_rule
 class Mean(Rule):
     """``out[j] = (1/n) sum_i G[i, j]``; q is accepted (0 <= q < n) and ignored."""
 
     name = "mean"
+    summary = "coordinate-wise average"
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor:
-        return torch.mean(G, 0)
+        return G.mean(0)

@@ -13,20 +13,26 @@ the lowest row index.  If no row is finite, the output is the coordinate-wise me
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
-from common.rules import kernels
+from common.rules.base import Rule, load_kernels, register_rule
 from common.rules.marmed import coordinate_median
-from common.rules.validation import Rule
+
+if TYPE_CHECKING:
+    import torch
 
 
+@register_rule
 class Medoid(Rule):
     """The row with the least total distance to the others; ``last_info["selected"]``."""
 
     name = "medoid"
+    summary = "the input vector minimising the sum of distances to all inputs"
 
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
+        kernels = load_kernels()
         D2, finite = kernels.squared_distances(kernels.gram64(G))
         rows = np.flatnonzero(finite)
         if rows.size == 0:

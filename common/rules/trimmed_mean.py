@@ -11,23 +11,23 @@ trimmed and the output is finite, within the range of the finite values.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from common.rules import kernels
-from common.rules.validation import Rule, RuleError, median_bound
+from common.rules.base import Rule, load_kernels, median_bound, register_rule
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
+@register_rule
 class TrimmedMean(Rule):
     """Coordinate-wise trimmed mean by a vectorised sorting network (``kernels``)."""
 
     name = "trimmed-mean"
+    summary = "per coordinate, drop the q largest and q smallest, average the rest"
+    needs = "q <= ceil(n/2)-1"
+    precondition = staticmethod(lambda n, q: q <= median_bound(n))  # n - 2q >= 1 remain
 
-    def __init__(self, n: int, q: int) -> None:
-        super().__init__(n, q)
-        if self.q > median_bound(self.n):
-            raise RuleError(
-                f"trimmed-mean needs q <= ceil(n/2)-1 (n - 2q >= 1), got n={self.n}, q={self.q}"
-            )
-
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(kernels.coordinate_trimmed_mean(G.numpy(), self.q))
+    def aggregate(self, G: torch.Tensor) -> np.ndarray:
+        return load_kernels().coordinate_trimmed_mean(G.numpy(), self.q)

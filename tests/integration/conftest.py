@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ps.cluster import CHILD_ENV
-from ps.processes import ManagedProcess, stop_all
+from ps.launcher.cluster import CHILD_ENV
+from ps.launcher.processes import ManagedProcess, stop_all
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:

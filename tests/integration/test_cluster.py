@@ -1,4 +1,4 @@
-"""Whole clusters of real local processes, launched by ``ps.cluster`` on loopback."""
+"""Whole clusters of real local processes, launched by ``ps.launcher.cluster`` on loopback."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import torch
 
 from common.config import AttackConfig, RunConfig
 from common.metrics import read_jsonl
-from ps.cluster import Cluster, ClusterSpec, ProcessFailed
-from ps.simulate import simulate
+from ps.launcher.cluster import Cluster, ClusterSpec, ProcessFailed
+from ps.launcher.options import ClusterOptions
+from ps.reference.engine import simulate
+from worker.options import ClientOptions, EvalOptions
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +26,10 @@ def _run(tmp_path: Path, attack: AttackConfig | None = None, **cfg_changes):
                 "rounds": 40, "lr": 0.1, "batch_size": 32, "seed": 3} | cfg_changes
     cfg = RunConfig(**settings).validate()
     attack = (attack or AttackConfig()).validate(cfg)
-    spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=tmp_path / "run", eval_every=20,
-                       timeout_s=30, retries=2, run_timeout_s=240)
+    spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=tmp_path / "run",
+                       evaluation=EvalOptions(eval_every=20),
+                       client=ClientOptions(timeout_s=30, retries=2),
+                       cluster=ClusterOptions(run_timeout_s=240))
     return cfg, attack, Cluster(spec).run()
 
 
@@ -46,7 +50,7 @@ def test_training_across_two_shards_rises_well_above_chance(tmp_path: Path) -> N
 
 # With n=7 a coordinate needs 4 corrupted values to move MarMed out of the honest range:
 # at p=0.002 that is ~3e-5 coordinates per round, while ~800 values are corrupted.
-GAMBLER = AttackConfig(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.002)
+GAMBLER = AttackConfig.build(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.002)
 
 
 def test_gambler_proxy_marmed_survives(tmp_path: Path) -> None:
@@ -65,15 +69,16 @@ def test_gambler_proxy_mean_fails(tmp_path: Path) -> None:
 
 
 def test_byzantine_worker_with_marmed(tmp_path: Path) -> None:
-    attack = AttackConfig(worker_attack="gaussian", byzantine_workers=(1,))
+    attack = AttackConfig.build(worker_attack="gaussian", byzantine_workers=(1,))
     _, _, result = _run(tmp_path, attack, rule="marmed")
     assert result.evaluations[-1]["top1"] > 0.6
 
 
 def test_cluster_and_reference_engine_end_bit_identical(tmp_path: Path) -> None:
     """Attacks on the proxy (gambler, also on PARAMS) and a Byzantine worker (ALIE), S=3."""
-    attack = AttackConfig(worker_attack="alie", byzantine_workers=(0,), proxy_attack="gambler",
-                          proxy_shards=(1,), gambler_p=0.002, corrupt_params=True)
+    attack = AttackConfig.build(worker_attack="alie", byzantine_workers=(0,),
+                                proxy_attack="gambler", proxy_shards=(1,), gambler_p=0.002,
+                                corrupt_params=True)
     cfg, attack, result = _run(tmp_path, attack, rule="meamed", q=1, num_shards=3, rounds=15)
     torch.set_num_threads(1)  # the processes use one thread; so must the reference
     reference = simulate(cfg, attack)

@@ -27,7 +27,7 @@ from common.protocol import (
     decode,
     encode,
 )
-from ps.cluster import run_config_args
+from common.settings import SERVER, to_argv
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def server(processes, tmp_path: Path) -> str:
     ready = tmp_path / "server.endpoint"
     proc = processes.start("server-0", "server.cli", [
         "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", *run_config_args(CFG),
+        "--out-dir", str(tmp_path), "--linger", "0", *to_argv(CFG, SERVER),
     ])
     return processes.endpoint(ready, proc)
 
@@ -114,14 +114,14 @@ def test_hostile_frames_get_errors_and_honest_workers_finish(processes, server, 
     # after which the raw peer cannot push for worker 1 any more: the honest run goes
     # on only if someone pushes for worker 1, so start honest worker 1 from round 1.
     worker = processes.start("worker-0", "worker.cli", [
-        "--servers", server, "--worker-id", "0", "--timeout", "20", *run_config_args(CFG)])
+        "--servers", server, "--worker-id", "0", "--timeout", "20", *to_argv(CFG, SERVER)])
     def round_one() -> bool:
         s = peer.ask([b"", *encode(Status())])
         return s.round >= 1
 
     wait_for(round_one, 60, "round 0 to complete")
     other = processes.start("worker-1", "worker.cli", [
-        "--servers", server, "--worker-id", "1", "--timeout", "20", *run_config_args(CFG)])
+        "--servers", server, "--worker-id", "1", "--timeout", "20", *to_argv(CFG, SERVER)])
     assert processes.wait_exit(worker, 120) == 0
     assert processes.wait_exit(other, 120) == 0
     peer.close()
@@ -132,7 +132,7 @@ def test_hostile_frames_get_errors_and_honest_workers_finish(processes, server, 
 
 
 def test_misconfigured_worker_is_refused_naming_the_setting(processes, server) -> None:
-    args = run_config_args(CFG)
+    args = to_argv(CFG, SERVER)
     args[args.index("--lr") + 1] = "0.5"
     worker = processes.start("worker-0", "worker.cli", [
         "--servers", server, "--worker-id", "0", "--timeout", "20", *args])
@@ -147,7 +147,7 @@ def test_unreachable_cluster_times_out_with_exit_code_4(processes) -> None:
     try:
         worker = processes.start("worker-0", "worker.cli", [
             "--servers", f"tcp://127.0.0.1:{port}", "--worker-id", "0", "--timeout", "0.5",
-            "--retries", "1", *run_config_args(CFG)])
+            "--retries", "1", *to_argv(CFG, SERVER)])
         assert processes.wait_exit(worker, 60) == EXIT_TIMEOUT
         assert any("no reply" in line for line in worker.tail())
     finally:

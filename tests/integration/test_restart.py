@@ -12,8 +12,8 @@ import torch
 
 from common.config import AttackConfig, RunConfig
 from common.metrics import read_jsonl
-from ps.cluster import run_config_args
-from ps.simulate import simulate
+from common.settings import SERVER, to_argv
+from ps.reference.engine import simulate
 from server.checkpoint import checkpoint_path, load_checkpoint
 from tests.integration.conftest import wait_for
 
@@ -28,7 +28,7 @@ def _server(processes, tmp_path: Path, shard: int, bind: str, *extra: str):
     ready.unlink(missing_ok=True)
     proc = processes.start(f"server-{shard}", "server.cli", [
         "--shard", str(shard), "--bind", bind, "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", *extra, *run_config_args(CFG)])
+        "--out-dir", str(tmp_path), "--linger", "0", *extra, *to_argv(CFG, SERVER)])
     return proc, processes.endpoint(ready, proc)
 
 
@@ -38,7 +38,7 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     workers = [
         processes.start(f"worker-{i}", "worker.cli", [
             "--servers", f"{e0},{e1}", "--worker-id", str(i), "--timeout", "1.5",
-            "--retries", "20", *run_config_args(CFG)])
+            "--retries", "20", *to_argv(CFG, SERVER)])
         for i in range(CFG.num_workers)
     ]
 
@@ -66,24 +66,24 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
 
 
 def test_killed_proxy_restarts_and_the_run_ends_bit_identical(processes, tmp_path) -> None:
-    attack = AttackConfig(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.001)
+    attack = AttackConfig.build(proxy_attack="gambler", proxy_shards=(0,), gambler_p=0.001)
     _, e0 = _server(processes, tmp_path, 0, "tcp://127.0.0.1:*")
     _, e1 = _server(processes, tmp_path, 1, "tcp://127.0.0.1:*")
 
     def proxy(bind: str):
         ready = tmp_path / "proxy.endpoint"
         ready.unlink(missing_ok=True)
-        proc = processes.start("proxy-0", "ps.proxy_cli", [
+        proc = processes.start("proxy-0", "ps.proxy.cli", [
             "--bind", bind, "--server", e0, "--proxy-attack", "gambler",
-            "--gambler-p", repr(attack.gambler_p), "--out-dir", str(tmp_path),
-            "--ready-file", str(ready), *run_config_args(CFG)])
+            "--gambler-p", repr(attack.attack('gambler').p), "--out-dir", str(tmp_path),
+            "--ready-file", str(ready), *to_argv(CFG, SERVER)])
         return proc, processes.endpoint(ready, proc)
 
     victim, front = proxy("tcp://127.0.0.1:*")
     workers = [
         processes.start(f"worker-{i}", "worker.cli", [
             "--servers", f"{front},{e1}", "--worker-id", str(i), "--timeout", "1.5",
-            "--retries", "20", *run_config_args(CFG)])
+            "--retries", "20", *to_argv(CFG, SERVER)])
         for i in range(CFG.num_workers)
     ]
     wait_for(lambda: len(read_jsonl(tmp_path / "proxy-0.jsonl")) >= 12, 120,

@@ -1,4 +1,5 @@
-"""Unit tests of common/attacks.py: exact corruption semantics, determinism, input checks."""
+"""Unit tests of common/attacks/: exact corruption semantics, determinism, input checks,
+the registry and the attack classes."""
 
 from __future__ import annotations
 
@@ -7,24 +8,27 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from common import attacks
-from common.attacks import (
+from common.attacks import ATTACKS, Site, attack_class, attack_names
+from common.attacks.alie import alie
+from common.attacks.bitflip import (
     BITFLIP_CODE_BITS,
     BITFLIP_CODE_COORDS,
     BITFLIP_PAPER_BITS,
     BITFLIP_PAPER_COORDS,
-    VALUE_ATTACKS,
-    VECTOR_ATTACKS,
-    alie,
     bitflip,
     bitflip_victims,
     flip_bits,
-    gambler,
-    gaussian,
-    ipm,
-    omniscient,
-    signflip,
 )
+from common.attacks.gambler import gambler
+from common.attacks.gaussian import gaussian
+from common.attacks.ipm import ipm
+from common.attacks.omniscient import omniscient
+from common.attacks.signflip import signflip
+from common.errors import ConfigError
+from common.seeding import derive_rng
+
+VECTOR_ATTACKS = {"gaussian": gaussian, "omniscient": omniscient, "signflip": signflip,
+                  "alie": alie, "ipm": ipm}
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -324,13 +328,47 @@ def test_vector_attacks_do_not_modify_inputs(name: str) -> None:
 # --------------------------------------------------------------------------- registries
 
 
-def test_registries() -> None:
-    assert attacks.vector_attack_names() == ("gaussian", "omniscient", "signflip", "alie", "ipm")
-    assert attacks.value_attack_names() == ("gambler", "bitflip")
-    assert VALUE_ATTACKS["gambler"] is gambler and VALUE_ATTACKS["bitflip"] is bitflip
-    assert attacks.vector_attack("omniscient") is omniscient
-    assert attacks.value_attack("bitflip") is bitflip
-    with pytest.raises(ValueError, match="unknown vector attack 'nope'; valid: gaussian, "):
-        attacks.vector_attack("nope")
-    with pytest.raises(ValueError, match="unknown value attack 'nope'; valid: gambler, bitflip"):
-        attacks.value_attack("nope")
+def test_registry_lists_each_attack_where_it_can_run() -> None:
+    assert set(ATTACKS) == {"gambler", "bitflip", *VECTOR_ATTACKS}
+    assert set(attack_names("proxy")) == {"none", *ATTACKS}
+    assert set(attack_names("worker")) == {"none", *VECTOR_ATTACKS}
+    with pytest.raises(ConfigError, match="unknown attack 'nope'; valid: "):
+        attack_class("nope")
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR_ATTACKS))
+def test_vector_attack_classes_forge_with_their_function(name: str) -> None:
+    h = honest()
+    forged = attack_class(name)().forge_at(h, 3, 20, 7, "worker-attack", 4)
+    expected = VECTOR_ATTACKS[name](h, 3, derive_rng(7, "worker-attack", 4),
+                                    **({"n": 20} if name == "alie" else {}))
+    np.testing.assert_array_equal(forged, expected)
+
+
+def test_value_attack_classes_draw_per_site() -> None:
+    v = values(5000)
+    site = Site(seed=3, round=2, worker=1, shard=0, start=0, num_workers=4, what="push")
+    out, count = attack_class("gambler")(p=0.01).corrupt(v, site)
+    expected = gambler(v, derive_rng(3, "proxy-gambler-push", 2, 1, 0), p=0.01)
+    np.testing.assert_array_equal(out, expected[0])
+    assert count == expected[1] > 0
+    flipped, hits = attack_class("bitflip")(coords=1000).corrupt(v, site)
+    changed = np.count_nonzero(flipped.view(np.uint32) != v.view(np.uint32))
+    assert 0 < hits < 1000 and changed == hits
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("gambler", {"p": 1.5}, "--gambler-p must be in"),
+        ("gambler", {"scale": 1e40}, "representable in float32"),
+        ("bitflip", {"bits": (3, 3)}, "distinct"),
+        ("bitflip", {"bits": (32,)}, "--bitflip-bits must be in"),
+        ("gaussian", {"sd": -1.0}, "--gaussian-sd must be >= 0"),
+        ("alie", {}, "ALIE's z is undefined"),
+    ],
+)
+def test_attack_parameters_are_checked_with_their_flag(name: str, params: dict,
+                                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        attack_class(name)(**params).check(num_workers=7, num_byzantine=5)

@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from common.errors import EXIT_CONFIG
-from ps.cluster_cli import main as cluster_main
-from ps.proxy_cli import main as proxy_main
-from ps.simulate_cli import main as simulate_main
+from ps.launcher.cli import main as cluster_main
+from ps.proxy.cli import main as proxy_main
+from ps.reference.cli import main as simulate_main
 from server.cli import main as server_main
 from worker.cli import main as worker_main
 

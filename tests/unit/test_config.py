@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from common.config import AttackConfig, RunConfig, default_q
+from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
+from common.rules import rule_class
 
 
 def test_defaults_are_the_papers_setting() -> None:
@@ -16,9 +17,9 @@ def test_defaults_are_the_papers_setting() -> None:
 
 
 def test_q_defaults_per_rule() -> None:
-    assert default_q("krum", 20) == 8
-    assert default_q("bulyan", 20) == 4
-    assert default_q("marmed", 2) == 0
+    assert rule_class("krum").default_q(20) == 8
+    assert rule_class("bulyan").default_q(20) == 4
+    assert rule_class("marmed").default_q(2) == 0
     assert RunConfig(rule="bulyan").validate().q == 4
 
 
@@ -27,7 +28,7 @@ def test_q_defaults_per_rule() -> None:
     [
         ({"model": "resnet"}, "model"),
         ({"dataset": "imagenet"}, "dataset"),
-        ({"num_workers": 0}, "num_workers"),
+        ({"num_workers": 0}, "--workers must be >= 1"),
         ({"lr": 0.0}, "lr"),
         ({"rounds": 0}, "rounds"),
         ({"q": 20}, "q must satisfy"),
@@ -48,32 +49,32 @@ def test_hash_is_stable_and_sensitive() -> None:
     b = RunConfig(lr=0.05).validate()
     assert a.config_hash != b.config_hash
     assert a.differences(b.to_dict()) == ["lr: 0.1 != 0.05"]
-    assert RunConfig.from_dict(a.to_dict()) == a
-    with pytest.raises(ConfigError, match="unknown"):
-        RunConfig.from_dict({**a.to_dict(), "bogus": 1})
+    assert RunConfig(**a.to_dict()) == a
+    assert "bogus: '<missing>' != 1" in a.differences({**a.to_dict(), "bogus": 1})
+    assert "b'x': '<missing>' != 1" in a.differences({b"x": 1})  # a peer's odd keys
 
 
 @pytest.mark.parametrize(
     ("settings", "needle"),
     [
         ({"worker_attack": "gaussian"}, "at least one byzantine"),
-        ({"worker_attack": "bogus", "byzantine_workers": (0,)}, "worker attack"),
+        ({"worker_attack": "bogus", "byzantine_workers": (0,)}, "--worker-attack must be one of"),
         ({"byzantine_workers": (20,), "worker_attack": "gaussian"}, "out of range"),
         ({"byzantine_workers": (1, 1), "worker_attack": "gaussian"}, "duplicate"),
         ({"proxy_attack": "omniscient", "proxy_shards": (0,)}, "proxy-victims"),
         ({"proxy_attack": "gambler", "proxy_shards": (4,)}, "out of range"),
-        ({"gambler_p": 1.5}, "gambler p"),
-        ({"bitflip_bits": (32,)}, "0..31"),
+        ({"gambler_p": 1.5}, "--gambler-p must be in"),
+        ({"bitflip_bits": (32,)}, "--bitflip-bits must be in"),
         ({"corrupt_params": True, "proxy_attack": "gaussian", "proxy_victims": (0,)}, "PARAMS"),
     ],
 )
 def test_attack_settings_are_checked(settings: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
-        AttackConfig(**settings).validate(RunConfig().validate())
+        AttackConfig.build(**settings).validate(RunConfig().validate())
 
 
 def test_launcher_children_do_not_inherit_ps_settings(monkeypatch) -> None:
-    from ps.processes import child_environment
+    from ps.launcher.processes import child_environment
 
     monkeypatch.setenv("PS_EVALUATE", "1")
     monkeypatch.setenv("HOME_LIKE", "kept")

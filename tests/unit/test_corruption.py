@@ -1,4 +1,4 @@
-"""What the man-in-the-middle does to one shard's traffic (``ps/corruption.py``)."""
+"""What the man-in-the-middle does to one shard's traffic (``ps/proxy/corruption.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from common.config import AttackConfig, RunConfig
 from common.sharding import shard_ranges
-from ps.corruption import ShardCorruptor
+from ps.proxy.corruption import ShardCorruptor
 
 CFG = RunConfig(dataset="synthetic", num_workers=6, num_shards=3, rule="marmed", q=1,
                 seed=11).validate()
@@ -16,7 +16,7 @@ PAPER_MASK = np.uint32((1 << 21) | (1 << 29) | (1 << 30) | (1 << 31))
 
 
 def _corruptors(**attack) -> list[ShardCorruptor]:
-    a = AttackConfig(**attack).validate(CFG)
+    a = AttackConfig.build(**attack).validate(CFG)
     return [ShardCorruptor(CFG, a, s, lo, hi) for s, (lo, hi) in enumerate(shard_ranges(D, 3))]
 
 

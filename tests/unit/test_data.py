@@ -1,4 +1,4 @@
-"""Unit tests of common/data.py: IDX and CIFAR loaders, synthetic data, partitions, batches."""
+"""Unit tests of common/data/: IDX and CIFAR loaders, synthetic data, partitions, batches."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from common.data import (
-    DATASET_NAMES,
-    DEBIAN_FASHION_MNIST_DIR,
     DatasetError,
+    dataset_names,
     load_dataset,
     minibatch_indices,
     partition_indices,
 )
+from common.data.idx import DEBIAN_FASHION_MNIST_DIR
+from common.data.synthetic import synthetic
 from common.models import build_model
 
 IDX_NAMES = {
@@ -169,9 +170,9 @@ def test_missing_directory_is_reported(tmp_path: Path) -> None:
 
 
 def test_unknown_dataset() -> None:
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid: fashion-mnist"):
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid: cifar10"):
         load_dataset("imagenet")
-    assert DATASET_NAMES == ("fashion-mnist", "mnist", "cifar10", "synthetic")
+    assert set(dataset_names()) == {"fashion-mnist", "mnist", "cifar10", "synthetic"}
 
 
 @pytest.mark.skipif(
@@ -349,7 +350,7 @@ def test_synthetic_is_deterministic_and_fast() -> None:
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
     assert not torch.equal(a.train_x, c.train_x)
     assert set(a.train_y.tolist()) == set(range(10))
-    small = load_dataset("synthetic", seed=3, synthetic_train=10, synthetic_test=7)
+    small = synthetic(3, 10, 7)
     assert small.train_x.shape[0] == 10 and small.test_y.shape[0] == 7
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from common.models import (
-    MODEL_NAMES,
+    MODELS,
     build_model,
     flatten_gradients,
     flatten_parameters,
@@ -50,7 +50,7 @@ def test_cnn_parameter_count(shape: tuple[int, int, int], side: int) -> None:
         assert expected == 2_431_018
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("shape", [MNIST_SHAPE, CIFAR_SHAPE])
 def test_forward_gives_logits(name: str, shape: tuple[int, int, int]) -> None:
     model = build_model(name, shape, 10, seed=1)
@@ -69,7 +69,7 @@ def test_cnn_layout_follows_the_paper() -> None:
     assert all(m.p == 0.2 for m in model.modules() if isinstance(m, nn.Dropout))
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_init_is_deterministic_per_seed(name: str) -> None:
     a = flatten_parameters(build_model(name, MNIST_SHAPE, 10, seed=42))
     b = flatten_parameters(build_model(name, MNIST_SHAPE, 10, seed=42))

@@ -51,7 +51,7 @@ def test_marmed_ignores_a_minority_of_huge_values() -> None:
 def test_bad_pushes_are_refused(round_: int, worker: int, length: int, code: ErrorCode) -> None:
     state = _state()
     with pytest.raises(Refused) as info:
-        state.check_push(round_, worker, length)
+        state.push(round_, worker, np.zeros(length, dtype=np.float32))
     assert info.value.code is code
 
 
@@ -65,7 +65,7 @@ def test_duplicate_and_stale_pushes_are_refused() -> None:
     state.push(0, 2, np.zeros(4, dtype=np.float32))
     state.step()
     with pytest.raises(Refused) as info:
-        state.check_push(0, 0, 4)
+        state.push(0, 0, np.zeros(4, dtype=np.float32))
     assert info.value.code is ErrorCode.STALE_ROUND
 
 
@@ -94,5 +94,5 @@ def test_finished_shard_refuses_pushes() -> None:
     state.step()
     assert state.finished
     with pytest.raises(Refused) as info:
-        state.check_push(1, 0, 4)
+        state.push(1, 0, np.zeros(4, dtype=np.float32))
     assert info.value.code is ErrorCode.FINISHED

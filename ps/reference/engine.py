@@ -9,7 +9,6 @@ ends with parameters bit-identical to a multi-process run (compare
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +18,10 @@ import numpy as np
 from common.config import AttackConfig, RunConfig
 from common.data import Dataset, load_dataset
 from common.model_init import initial_parameters
+from common.process import check_stop
 from common.sharding import shard_ranges
-from ps.corruption import ShardCorruptor
+from ps.proxy.corruption import ShardCorruptor
+from server.checkpoint import params_digest
 from server.shard import RoundMetrics, ShardState
 from worker.byzantine import byzantine_gradient
 from worker.trainer import GradientComputer
@@ -34,16 +35,10 @@ class SimulationResult:
     rounds: int
     seconds: float
     corrupted_values: int
-    shard_metrics: list[list[RoundMetrics]]
 
     @property
     def digest(self) -> str:
         return params_digest(self.params)
-
-
-def params_digest(params: np.ndarray) -> str:
-    """SHA-256 of the float32 little-endian bytes of the parameter vector."""
-    return hashlib.sha256(np.ascontiguousarray(params, dtype="<f4").tobytes()).hexdigest()
 
 
 class Simulation:
@@ -128,10 +123,9 @@ def simulate(
     dataset = dataset or load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
     sim = Simulation(cfg, attack, dataset)
     started = time.perf_counter()
-    history: list[list[RoundMetrics]] = [[] for _ in sim.shards]
     for t in range(cfg.rounds):
-        for s, m in enumerate(sim.step()):
-            history[s].append(m)
+        check_stop()
+        sim.step()
         if on_round is not None:
             on_round(t + 1, sim)
     return SimulationResult(
@@ -139,5 +133,4 @@ def simulate(
         rounds=cfg.rounds,
         seconds=time.perf_counter() - started,
         corrupted_values=sim.corrupted_values,
-        shard_metrics=history,
     )

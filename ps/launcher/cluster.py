@@ -16,16 +16,23 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, PSError
 from common.metrics import read_jsonl
-from ps.processes import ManagedProcess, stop_all
-from server.checkpoint import checkpoint_path, load_checkpoint
+from common.process import ProcessOptions, check_stop
+from common.settings import EVALUATOR, PROXY, SERVER, WORKER, to_argv
+from ps.launcher.options import ClusterOptions
+from ps.launcher.processes import ManagedProcess, stop_all
+from ps.proxy.options import ProxyOptions
+from server.checkpoint import final_parameters, params_digest
+from server.options import ServerOptions
+from worker.options import ClientOptions, EvalOptions
 
 log = logging.getLogger("ps.cluster")
 
@@ -33,7 +40,6 @@ READY_TIMEOUT_S = 180.0
 WATCH_INTERVAL_S = 0.5
 CHILD_ENV = {
     # one compute thread per process: many processes share few cores
-    "PS_TORCH_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
@@ -52,19 +58,21 @@ class ProcessFailed(PSError):
 
 @dataclass
 class ClusterSpec:
-    """Everything the launcher needs to start one run."""
+    """Everything the launcher needs to start one run (each part a settings dataclass)."""
 
     cfg: RunConfig
     attack: AttackConfig
     out_dir: Path
-    data_dir: str | None = None
-    host: str = "127.0.0.1"
-    eval_every: int = 10
-    eval_samples: int | None = None
-    evaluator: bool = True
-    timeout_s: float = 60.0
-    retries: int = 3
-    run_timeout_s: float | None = None
+    client: ClientOptions = field(default_factory=ClientOptions)
+    evaluation: EvalOptions = field(default_factory=EvalOptions)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    server: ServerOptions = field(default_factory=ServerOptions)
+    process: ProcessOptions = field(default_factory=ProcessOptions)
+
+
+def child_argv(role: str, *settings: Any) -> list[str]:
+    """The flags that hand a ``role`` process every setting of ``settings`` it takes."""
+    return [flag for instance in settings for flag in to_argv(instance, role)]
 
 
 @dataclass
@@ -89,36 +97,6 @@ class ClusterResult:
     params: np.ndarray
     digest: str
     evaluations: list[dict] = field(default_factory=list)
-
-
-def run_config_args(cfg: RunConfig) -> list[str]:
-    """Command-line flags reproducing ``cfg`` exactly (floats by repr)."""
-    args = [
-        "--model", cfg.model, "--dataset", cfg.dataset,
-        "--workers", str(cfg.num_workers), "--shards", str(cfg.num_shards),
-        "--rule", cfg.rule, "--q", str(cfg.q), "--lr", repr(cfg.lr),
-        "--batch-size", str(cfg.batch_size), "--rounds", str(cfg.rounds),
-        "--seed", str(cfg.seed),
-    ]
-    if cfg.multikrum_m is not None:
-        args += ["--multikrum-m", str(cfg.multikrum_m)]
-    return args
-
-
-def attack_parameter_args(attack: AttackConfig) -> list[str]:
-    """Flags for the numeric attack parameters (shared by workers and proxies)."""
-    args = [
-        "--gambler-p", repr(attack.gambler_p), "--gambler-scale", repr(attack.gambler_scale),
-        "--bitflip-bits", ",".join(map(str, attack.bitflip_bits)),
-        "--bitflip-coords", str(attack.bitflip_coords),
-        "--gaussian-sd", repr(attack.gaussian_sd),
-        "--omniscient-scale", repr(attack.omniscient_scale),
-        "--signflip-scale", repr(attack.signflip_scale),
-        "--ipm-epsilon", repr(attack.ipm_epsilon),
-    ]
-    if attack.alie_z is not None:
-        args += ["--alie-z", repr(attack.alie_z)]
-    return args
 
 
 class Cluster:
@@ -146,7 +124,7 @@ class Cluster:
             servers = self._start_servers()
             fronts = self._start_proxies(servers)
             self._start_workers(fronts)
-            if self.spec.evaluator:
+            if not self.spec.cluster.no_evaluator:
                 self._start_evaluator(servers)
             self._watch(on_progress)
         finally:
@@ -164,75 +142,61 @@ class Cluster:
         self.processes.append(process)
         return process
 
+    def _process(self, ready_file: Path | None = None) -> ProcessOptions:
+        return replace(self.spec.process, out_dir=self.out, ready_file=ready_file)
+
+    def server_argv(self, shard: int, ready_file: Path) -> list[str]:
+        options = replace(self.spec.server, shard=shard, bind=f"tcp://{self.spec.cluster.host}:*")
+        return child_argv(SERVER, options, self.spec.cfg, self._process(ready_file))
+
+    def proxy_argv(self, server: str, ready_file: Path) -> list[str]:
+        attack = self.spec.attack
+        options = ProxyOptions(bind=f"tcp://{self.spec.cluster.host}:*", server=server)
+        return child_argv(PROXY, options, attack, attack.attack(attack.proxy_attack),
+                          self.spec.cfg, self._process(ready_file))
+
+    def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
+        attack = self.spec.attack
+        client = replace(self.spec.client, servers=",".join(endpoints), worker_id=worker)
+        lies = (attack, attack.attack(attack.worker_attack)) if attack.is_byzantine(worker) else ()
+        return child_argv(WORKER, client, *lies, self.spec.cfg, self._process())
+
+    def evaluator_argv(self, servers: list[str]) -> list[str]:
+        client = replace(self.spec.client, servers=",".join(servers), evaluate=True)
+        return child_argv(EVALUATOR, client, self.spec.evaluation, self.spec.cfg,
+                          self._process())
+
     def _start_servers(self) -> list[str]:
-        cfg = self.spec.cfg
         ready = []
-        for s in range(cfg.num_shards):
+        for s in range(self.spec.cfg.num_shards):
             ready_file = self.run_dir / f"server-{s}.endpoint"
             ready_file.unlink(missing_ok=True)
-            self._child(f"server-{s}", "server.cli", [
-                "--shard", str(s), "--bind", f"tcp://{self.spec.host}:*",
-                "--out-dir", str(self.out), "--ready-file", str(ready_file),
-                *run_config_args(cfg),
-            ])
+            self._child(f"server-{s}", "server.cli", self.server_argv(s, ready_file))
             ready.append(ready_file)
         return self._await_endpoints(ready)
 
     def _start_proxies(self, servers: list[str]) -> list[str]:
         """Endpoints the workers use: the proxy's for fronted shards, else the server's."""
         attack = self.spec.attack
-        if attack.proxy_attack == "none":
-            return list(servers)
         fronts = list(servers)
+        if attack.proxy_attack == "none":
+            return fronts
         ready = {}
         for s in attack.proxy_shards:
             ready_file = self.run_dir / f"proxy-{s}.endpoint"
             ready_file.unlink(missing_ok=True)
-            args = [
-                "--bind", f"tcp://{self.spec.host}:*", "--server", servers[s],
-                "--proxy-attack", attack.proxy_attack,
-                "--proxy-victims", ",".join(map(str, attack.proxy_victims)),
-                "--out-dir", str(self.out), "--ready-file", str(ready_file),
-                *attack_parameter_args(attack), *run_config_args(self.spec.cfg),
-            ]
-            if attack.corrupt_params:
-                args.append("--corrupt-params")
-            self._child(f"proxy-{s}", "ps.proxy_cli", args)
+            self._child(f"proxy-{s}", "ps.proxy.cli", self.proxy_argv(servers[s], ready_file))
             ready[s] = ready_file
         for s, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
             fronts[s] = endpoint
         return fronts
 
     def _start_workers(self, endpoints: list[str]) -> None:
-        cfg, attack = self.spec.cfg, self.spec.attack
-        for i in range(cfg.num_workers):
-            args = [
-                "--servers", ",".join(endpoints), "--worker-id", str(i),
-                "--out-dir", str(self.out), *self._client_args(), *run_config_args(cfg),
-            ]
-            if attack.is_byzantine(i):
-                args += [
-                    "--attack", attack.worker_attack,
-                    "--byzantine-workers", ",".join(map(str, attack.byzantine_workers)),
-                    *attack_parameter_args(attack),
-                ]
-            self._child(f"worker-{i}", "worker.cli", args)
+        for i in range(self.spec.cfg.num_workers):
+            self._child(f"worker-{i}", "worker.cli", self.worker_argv(i, endpoints))
 
     def _start_evaluator(self, servers: list[str]) -> None:
-        args = [
-            "--servers", ",".join(servers), "--evaluate",
-            "--eval-every", str(self.spec.eval_every), "--out-dir", str(self.out),
-            *self._client_args(), *run_config_args(self.spec.cfg),
-        ]
-        if self.spec.eval_samples is not None:
-            args += ["--eval-samples", str(self.spec.eval_samples)]
-        self._child("evaluator", "worker.cli", args)
-
-    def _client_args(self) -> list[str]:
-        args = ["--timeout", repr(self.spec.timeout_s), "--retries", str(self.spec.retries)]
-        if self.spec.data_dir:
-            args += ["--data-dir", self.spec.data_dir]
-        return args
+        self._child("evaluator", "worker.cli", self.evaluator_argv(servers))
 
     # -- waiting -----------------------------------------------------------------
 
@@ -240,6 +204,7 @@ class Cluster:
         """Wait (deadline ``READY_TIMEOUT_S``) until every ready file names an endpoint."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
+            check_stop()
             self._raise_if_failed()
             if all(f.exists() for f in ready_files):
                 return [f.read_text(encoding="utf-8").strip() for f in ready_files]
@@ -250,8 +215,9 @@ class Cluster:
 
     def _watch(self, on_progress: Callable[[Progress], None] | None) -> None:
         """Until every process exited 0; raise at the first failure or the run deadline."""
-        limit = self.spec.run_timeout_s
+        limit = self.spec.cluster.run_timeout_s
         while True:
+            check_stop()
             self._raise_if_failed()
             if all(p.returncode == 0 for p in self.processes):
                 return
@@ -289,11 +255,7 @@ class Cluster:
         return progress
 
     def _result(self) -> ClusterResult:
-        from ps.simulate import params_digest
-
-        shards = [load_checkpoint(checkpoint_path(self.out, s)).params
-                  for s in range(self.spec.cfg.num_shards)]
-        params = np.concatenate(shards)
+        params = final_parameters(self.out, self.spec.cfg.num_shards)
         result = ClusterResult(
             out_dir=self.out,
             seconds=time.monotonic() - self.started,

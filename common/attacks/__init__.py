@@ -1,0 +1,27 @@
+"""Byzantine attacks: one module each, registered by name (see ``base``).
+
+Value-level (generalized model, at a proxy): gambler, bitflip. Vector-level (classic
+model, by Byzantine workers or at a proxy): gaussian, omniscient, signflip, alie, ipm.
+"""
+
+import importlib
+import pkgutil
+
+from common.attacks.base import (
+    ATTACKS,
+    NO_ATTACK,
+    Attack,
+    Site,
+    ValueAttack,
+    VectorAttack,
+    attack_class,
+    attack_names,
+    register_attack,
+)
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["ATTACKS", "NO_ATTACK", "Attack", "Site", "ValueAttack", "VectorAttack",
+           "attack_class", "attack_names", "register_attack"]

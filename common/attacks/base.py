@@ -1,0 +1,216 @@
+"""What every attack shares: the two models, the class contract, checks, the registry.
+
+Two models of Xie, Koyejo, Gupta, *Generalized Byzantine-tolerant SGD* (ICML 2018):
+
+* **Value-level** (generalized Byzantine model, Sec. 2): single values of the n x d
+  gradient matrix are arbitrary. A :class:`ValueAttack` corrupts ONE push (one worker's
+  1-D float32 gradient shard) in flight, at a proxy.
+* **Vector-level** (classic Byzantine model): whole vectors of Byzantine workers are
+  replaced. A :class:`VectorAttack` forges the ``(num_byzantine, d)`` vectors from the
+  honest gradients ``honest`` of shape (h, d); Byzantine workers send them, or a proxy
+  puts them in place of its victims' pushes.
+
+An attack is a frozen dataclass whose fields are its parameters, each declared as a
+setting (``common.settings``): flag, ``PS_*`` variable and help come from there, and the
+roles that take them from where the attack can run (:attr:`Attack.sites`). Each module
+of this package holds one attack, with the pure function that does the math, and
+registers it with :func:`register_attack`: adding an attack is adding a file.
+
+No attack modifies its inputs. All randomness comes from an explicit generator derived
+with :func:`common.seeding.derive_rng` from (seed, attack, round, worker, shard), so a
+cluster and the reference engine draw the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from common.errors import ConfigError
+from common.seeding import derive_rng
+from common.settings import CLUSTER, PROXY, SIMULATE, WORKER, check_ranges, declared
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+NO_ATTACK = "none"
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def check_values(values: np.ndarray) -> None:
+    """``ValueError`` unless ``values`` is a 1-D float32 array."""
+    if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype != np.float32:
+        raise ValueError(
+            "values must be a 1-D float32 numpy array, got "
+            f"{type(values).__name__} {getattr(values, 'dtype', '?')} "
+            f"of shape {getattr(values, 'shape', '?')}"
+        )
+
+
+def check_honest(honest: np.ndarray, num_byzantine: int) -> None:
+    """``ValueError`` unless ``honest`` is (h >= 1, d) float32 and ``num_byzantine >= 1``."""
+    if not isinstance(honest, np.ndarray) or honest.ndim != 2 or honest.dtype != np.float32:
+        raise ValueError(
+            "honest must be a 2-D (h, d) float32 numpy array, got "
+            f"{type(honest).__name__} {getattr(honest, 'dtype', '?')} "
+            f"of shape {getattr(honest, 'shape', '?')}"
+        )
+    if honest.shape[0] < 1:
+        raise ValueError("honest must hold at least one gradient row, got h=0")
+    if isinstance(num_byzantine, bool) or not isinstance(num_byzantine, (int, np.integer)):
+        raise ValueError(f"num_byzantine must be an int, got {num_byzantine!r}")
+    if num_byzantine < 1:
+        raise ValueError(f"num_byzantine must be >= 1, got {num_byzantine}")
+
+
+def float32_scale(name: str, scale: float) -> np.float32:
+    """``scale`` as float32; ``ValueError`` if it is not finite or not representable."""
+    if not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite and representable in float32, got {scale!r}")
+    return np.float32(scale)
+
+
+def check_scale(flag: str, value: float) -> None:
+    """``ConfigError`` naming ``flag`` unless ``value`` is a finite float32."""
+    try:
+        float32_scale(flag, value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def row_sum(honest: np.ndarray) -> np.ndarray:
+    """Float32 sum of the rows, added one row at a time in order (reproducible anywhere)."""
+    acc = honest[0].copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        for row in honest[1:]:
+            acc += row
+    return acc
+
+
+def row_mean(honest: np.ndarray) -> np.ndarray:
+    """Float32 coordinate-wise mean: :func:`row_sum` divided by the row count."""
+    return row_sum(honest) / np.float32(honest.shape[0])
+
+
+def repeat(vector: np.ndarray, num_byzantine: int) -> np.ndarray:
+    """``num_byzantine`` float32 copies of ``vector`` as rows."""
+    return np.tile(vector.astype(np.float32, copy=False), (num_byzantine, 1))
+
+
+def negated_copies(honest: np.ndarray, num_byzantine: int,
+                   reduce: Callable[[np.ndarray], np.ndarray], what: str,
+                   scale: float) -> np.ndarray:
+    """``num_byzantine`` copies of ``-scale * reduce(honest)``, computed in float32 (an
+    overflow gives -inf/+inf, still a Byzantine value); ``what`` names ``scale`` in errors."""
+    check_honest(honest, num_byzantine)
+    factor = float32_scale(what, scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return repeat(reduce(honest) * -factor, num_byzantine)
+
+
+# --------------------------------------------------------------------------- contract
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a value-level attack strikes: one push (or PARAMS reply) of one shard."""
+
+    seed: int
+    round: int
+    worker: int
+    shard: int
+    start: int  # global index of the shard's first coordinate
+    num_workers: int
+    what: str  # "push" or "params"
+
+
+@dataclass(frozen=True)
+class Attack:
+    """Base of all attacks; subclasses are frozen dataclasses of their parameters."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    sites: ClassVar[frozenset[str]]  # WORKER and/or PROXY
+
+    @classmethod
+    def setting_roles(cls) -> frozenset[str]:
+        """Processes that take this attack's parameters: where it runs, and the launchers."""
+        return frozenset({CLUSTER, SIMULATE} | cls.sites)
+
+    def check(self, num_workers: int, num_byzantine: int) -> None:
+        """``ConfigError`` if the parameters do not fit: ranges come from the settings, and
+        every float must be a finite float32 (the attacks compute in float32)."""
+        check_ranges(self)
+        for d in declared(type(self)):
+            value = getattr(self, d.name)
+            if d.kind is float and value is not None:
+                check_scale(d.flag, value)
+
+    def parameters(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ValueAttack(Attack):
+    """Generalized model: corrupts single values of one push at a proxy."""
+
+    sites: ClassVar[frozenset[str]] = frozenset({PROXY})
+
+    def corrupt(self, values: np.ndarray, site: Site) -> tuple[np.ndarray, int]:
+        """(the values to forward, the number of values changed)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class VectorAttack(Attack):
+    """Classic model: forges whole vectors, by Byzantine workers or at a proxy.
+
+    ``reads_honest``: the forged vectors depend on the honest ones (a proxy must then
+    hold a whole round before forwarding any push of it).
+    """
+
+    sites: ClassVar[frozenset[str]] = frozenset({WORKER, PROXY})
+    reads_honest: ClassVar[bool] = True
+    # f(honest, num_byzantine, rng, **parameters) -> (num_byzantine, d) float32
+    function: ClassVar[Callable[..., np.ndarray]]
+
+    def forge(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
+              num_workers: int) -> np.ndarray:
+        """The ``(num_byzantine, d)`` float32 vectors the Byzantine workers send."""
+        return type(self).function(honest, num_byzantine, rng, **self.parameters())
+
+    def forge_at(self, honest: np.ndarray, num_byzantine: int, num_workers: int, seed: int,
+                 stream: str, *coords: int) -> np.ndarray:
+        """:meth:`forge` with the generator of stream ``<stream>`` at ``coords``."""
+        rng = derive_rng(seed, stream, *coords)
+        return self.forge(honest, num_byzantine, rng, num_workers)
+
+
+ATTACKS: dict[str, type[Attack]] = {}
+"""Every attack by name, in registration order."""
+
+
+def register_attack(cls: type[Attack]) -> type[Attack]:
+    """Class decorator: add ``cls`` to :data:`ATTACKS` under ``cls.name``."""
+    if cls.name == NO_ATTACK or (cls.name in ATTACKS and ATTACKS[cls.name] is not cls):
+        raise ValueError(f"attack name {cls.name!r} is taken")
+    ATTACKS[cls.name] = cls
+    return cls
+
+
+def attack_names(site: str) -> tuple[str, ...]:
+    """``"none"`` and the attacks that can run at ``site`` (WORKER or PROXY)."""
+    return (NO_ATTACK, *(n for n, cls in ATTACKS.items() if site in cls.sites))
+
+
+def attack_class(name: str) -> type[Attack]:
+    """The attack called ``name``; ``ConfigError`` listing the valid names."""
+    try:
+        return ATTACKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown attack {name!r}; valid: {', '.join(ATTACKS)}") from None

@@ -1,0 +1,92 @@
+"""Click commands built from the settings declarations (``common.settings``).
+
+A command names the dataclasses whose settings it takes; :func:`options_for` adds
+one click option per setting that the command's roles take, with its flag, its
+``PS_*`` variable (shown in ``--help``), its default, choices or range, and help.
+The command's function then rebuilds the dataclass instances with
+:func:`common.settings.take`. Nothing here knows any particular setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common.errors import EXIT_CODES_TEXT, ConfigError
+from common.settings import COMMAND_ROLES, Declared, declared, parse_int_list
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True,
+                    "max_content_width": 100}
+EPILOG = (EXIT_CODES_TEXT + " Every option can also be set with the PS_* environment "
+          "variable shown (flag > environment > default).")
+
+
+def settings_of(command: str, classes: Iterable[type]) -> list[Declared]:
+    """The settings of ``classes`` that command ``command`` (e.g. "ps-server") takes."""
+    roles = COMMAND_ROLES[command]
+    return [d for cls in classes for d in declared(cls) if d.takes(roles)]
+
+
+def options_for(command: str, classes: Iterable[type]) -> Callable[[Callable], Callable]:
+    """A decorator adding the click options of ``classes`` for ``command``."""
+    found = settings_of(command, classes)
+    params = [d.param for d in found]
+    duplicated = {p for p in params if params.count(p) > 1}
+    if duplicated:
+        raise TypeError(f"{command}: settings declared twice: {sorted(duplicated)}")
+
+    def apply(f: Callable) -> Callable:
+        for d in reversed(found):
+            f = _click_option(d)(f)
+        return f
+
+    return apply
+
+
+def settings_command(command: str, classes: Iterable[type]) -> Callable[[Callable], click.Command]:
+    """A decorator making a click command ``command`` whose options are the settings of
+    ``classes`` that the command's roles take (and the common help and epilog)."""
+
+    def make(f: Callable) -> click.Command:
+        return click.command(command, context_settings=CONTEXT_SETTINGS,
+                             epilog=EPILOG)(options_for(command, classes)(f))
+
+    return make
+
+
+def _click_option(d: Declared) -> Callable[[Callable], Callable]:
+    names = [d.flag, *([d.spec.short] if d.spec.short else []), d.param]
+    kwargs: dict[str, Any] = {"envvar": d.env, "show_envvar": True, "help": d.spec.help,
+                              "required": d.spec.required}
+    if d.kind is bool:
+        kwargs.update(is_flag=True, default=False)
+    elif d.kind is tuple:
+        kwargs.update(type=str, default=",".join(map(str, d.default)) or None,
+                      callback=_int_list_callback, metavar="IDS")
+    else:
+        kwargs.update(type=_click_type(d), default=d.default)
+    return click.option(*names, **kwargs)
+
+
+def _click_type(d: Declared) -> click.ParamType | type:
+    choices = d.choices
+    if choices is not None:
+        return click.Choice(choices)
+    low, high = d.spec.minimum, d.spec.maximum
+    if d.kind is int and (low is not None or high is not None):
+        return click.IntRange(min=low, max=high)
+    if d.kind is float and (low is not None or high is not None):
+        return click.FloatRange(min=low, max=high)
+    if d.kind is Path:
+        return click.Path(path_type=Path)
+    return d.kind
+
+
+def _int_list_callback(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple:
+    try:
+        return parse_int_list(value or "")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None

@@ -1,0 +1,57 @@
+"""Datasets (one module each, registered by name) and deterministic per-worker sampling.
+
+Every image is scaled to [0, 1] and standardised with fixed per-dataset constants.
+Adding a dataset is adding a module that calls :func:`register_dataset`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from pathlib import Path
+
+from common.data.base import (
+    DATASETS,
+    Dataset,
+    DatasetError,
+    DatasetSpec,
+    dataset_names,
+    register_dataset,
+)
+from common.data.sampling import minibatch_indices, partition_indices
+from common.errors import ConfigError
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "sampling"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The dataset called ``name``; ``ConfigError`` listing the valid names."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dataset {name!r}; valid: {', '.join(dataset_names())}") from None
+
+
+def dataset_shape(name: str) -> tuple[tuple[int, int, int], int]:
+    """(input shape (C, H, W), number of classes) of dataset ``name``, without loading it."""
+    spec = dataset_spec(name)
+    return spec.input_shape, spec.num_classes
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
+                 seed: int = 0) -> Dataset:
+    """Load dataset ``name`` from ``data_dir`` (``seed``: for generated data).
+
+    Raises :class:`DatasetError` for missing or malformed files, ``ConfigError`` for an
+    unknown name.
+    """
+    return dataset_spec(name).loader(None if data_dir is None else Path(data_dir), seed)
+
+
+__all__ = ["DATASETS", "Dataset", "DatasetError", "DatasetSpec", "dataset_names",
+           "dataset_shape", "dataset_spec", "load_dataset", "minibatch_indices",
+           "partition_indices", "register_dataset"]

@@ -1,0 +1,110 @@
+"""Start-up and shutdown of every role's process: one policy for all of them.
+
+* Logging: human-readable lines on stderr, tagged with the process's name.
+* Threads: a role that computes with torch pins it to ``--torch-threads`` (default 1:
+  many processes share few cores, and the bit-exact check needs the same reductions
+  everywhere); torch is imported only by those roles.
+* Stopping: SIGTERM and SIGINT only *request* a stop (:func:`request_stop`); every
+  loop checks it (:func:`check_stop`) between two messages or rounds and raises
+  :class:`Interrupted`, so a server never stops half-way through a round step and
+  always saves its checkpoint on the way out.
+* Exit codes: a :class:`PSError` ends the process with its code and a one-line
+  message; anything else is a bug, logged with its traceback, exit 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Interrupted, PSError
+from common.settings import (
+    CLUSTER,
+    EVALUATOR,
+    PROXY,
+    ROLES,
+    SERVER,
+    SIMULATE,
+    WORKER,
+    setting,
+)
+
+log = logging.getLogger("ps.process")
+_stop = threading.Event()
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    """Settings every process of a run has: where its files go, threads, log level."""
+
+    out_dir: Path | None = setting(
+        None, "Directory for this process's files: metrics (*.jsonl), checkpoints, logs "
+        "and summary (ps-cluster: default runs/<time>-<rule>).", roles=ROLES)
+    ready_file: Path | None = setting(
+        None, "Write the bound endpoint here once listening (for launchers and health "
+        "checks).", roles=(SERVER, PROXY))
+    torch_threads: int = setting(
+        1, "Compute threads of torch in this process (many processes share few cores; "
+        "the bit-exact check needs the same value everywhere).",
+        roles=(SERVER, WORKER, EVALUATOR, CLUSTER, SIMULATE), minimum=1)
+    verbose: bool = setting(False, "Debug logging.", short="-v", roles=ROLES)
+
+
+def check_stop() -> None:
+    """Raise :class:`Interrupted` if a stop was requested."""
+    if _stop.is_set():
+        raise Interrupted("stopped by a signal")
+
+
+def request_stop(*_: object) -> None:
+    """Ask every loop of this process to stop (the signal handler)."""
+    _stop.set()
+
+
+def setup_logging(name: str, verbose: bool = False) -> None:
+    """Human-readable log lines on stderr, tagged with the process name."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def pin_torch_threads(threads: int) -> None:
+    """Use ``threads`` torch threads in this process (imports torch)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_process(name: str, options: ProcessOptions, main: Callable[[], None],
+                uses_torch: bool = False) -> None:
+    """Run a role's ``main`` under the common policy and exit with its code."""
+    setup_logging(name, options.verbose)
+    _stop.clear()
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = EXIT_OK
+    try:
+        if uses_torch:
+            pin_torch_threads(options.torch_threads)
+        main()
+    except Interrupted:
+        print("interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    except PSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except Exception:
+        log.exception("internal error (a bug); please report it with this traceback")
+        code = EXIT_INTERNAL
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.exit(code)

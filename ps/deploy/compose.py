@@ -1,0 +1,345 @@
+"""Write ``docker-compose.yml`` for a cluster of n workers and S servers.
+
+The run is described by one env file (``docker/cluster.env``: ``PS_*`` lines). The
+generator reads it through the settings declarations (``common.settings``): a key
+that is no setting, or a value out of range, is refused here, before any container
+starts, and the configuration is validated exactly as ``ps-cluster`` validates it.
+Each service then gets, as its ``environment:``, precisely the settings its role
+takes (derived, like the argv ``ps-cluster`` hands its children): the run
+configuration (one YAML anchor), and per role the server, proxy, worker or evaluator
+settings, an attacker's attack with its parameters, and the process settings.
+
+One service per server (``server-<s>``), per proxy (``proxy-<s>``, in front of server
+s) and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
+evaluator and ``runs-dir``, which hands a root-owned output directory to the
+containers' user before the others start. A fixed id per service keeps a run
+reproducible (worker i always trains on partition i) and lets one worker be made
+Byzantine on its own.
+
+Usage (from the repository root)::
+
+    python3 docker/gen_compose.py                        # n, S from docker/cluster.env
+    python3 docker/gen_compose.py --workers 12 --shards 2  # set them there, then write
+    python3 docker/gen_compose.py --proxy-shards 0,1     # proxies before 2 servers
+    python3 docker/gen_compose.py --byzantine-workers 7 --worker-attack gaussian
+    python3 docker/gen_compose.py --check                # exit 1 if the file is stale
+
+The options given are recorded in the generated file's header, and ``--check``
+regenerates with them to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from common.attacks import ATTACKS, NO_ATTACK, attack_names
+from common.config import AttackConfig, RunConfig
+from common.errors import ConfigError
+from common.process import ProcessOptions
+from common.settings import (
+    EVALUATOR,
+    LAUNCHERS,
+    PROXY,
+    ROLES,
+    SERVER,
+    WORKER,
+    declared,
+    from_environ,
+    to_environ,
+)
+from ps.proxy.options import ProxyOptions
+from server.options import ServerOptions
+from worker.options import ClientOptions, EvalOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ENV = "docker/cluster.env"
+DEFAULT_OUTPUT = "docker-compose.yml"
+PORT = 5550
+READY_FILE = Path("/tmp/ps-ready")
+OUT_DIR = Path("/runs")
+ARGS_MARK = "# gen_compose.py options: "
+
+
+def setting_classes() -> tuple[type, ...]:
+    """Every class whose settings an env file may set (the attacks registered now)."""
+    return (RunConfig, AttackConfig, *ATTACKS.values(), ServerOptions, ProxyOptions,
+            ClientOptions, EvalOptions, ProcessOptions)
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines of an env file (comments and blank lines skipped)."""
+    values = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def set_env_values(path: Path, updates: dict[str, int]) -> None:
+    """Rewrite ``KEY=...`` lines of the env file in place (appending missing keys)."""
+    text = path.read_text(encoding="utf-8")
+    for key, value in updates.items():
+        pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
+        if pattern.search(text):
+            text = pattern.sub(f"{key}={value}", text)
+        else:
+            text += f"{key}={value}\n"
+    path.write_text(text, encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A validated run as the compose file deploys it."""
+
+    cfg: RunConfig
+    attack: AttackConfig
+    env: Mapping[str, str]
+
+    def settings(self, cls: type, role: str, **fixed: Any) -> Any:
+        """An instance of ``cls`` from the env file (the ``role``'s settings), ``fixed`` on top."""
+        return from_environ(cls, self.env, {role}, **fixed)
+
+
+def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment:
+    """Parse and validate the env file's settings and the topology options."""
+    known = {d.env for cls in setting_classes() for d in declared(cls)}
+    unknown = sorted(k for k in env if k not in known)
+    if unknown:
+        raise ConfigError(f"not a setting: {', '.join(unknown)} (see `ps-cluster --help`)")
+    cfg = from_environ(RunConfig, env, ROLES).validate()
+    scenario = from_environ(AttackConfig, env, LAUNCHERS)
+    params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
+    byzantine = tuple(options["byzantine_workers"])
+    attack = replace(scenario, params=params, proxy_shards=tuple(options["proxy_shards"]),
+                     byzantine_workers=byzantine,
+                     worker_attack=options["worker_attack"] if byzantine else NO_ATTACK)
+    if attack.proxy_attack == NO_ATTACK and attack.proxy_shards:
+        attack = replace(attack, proxy_shards=())  # plain relays are no attack: none started
+    return Deployment(cfg, attack.validate(cfg), env)
+
+
+def endpoint(host: str) -> str:
+    return f"tcp://{host}:{PORT}"
+
+
+def command_for(options: dict) -> str:
+    """The generator command line that reproduces ``options``."""
+    parts = ["python3 docker/gen_compose.py"]
+    if options["env_file"] != DEFAULT_ENV:
+        parts.append(f"--env-file {options['env_file']}")
+    if options["proxy_shards"] != [0]:
+        parts.append(f"--proxy-shards '{','.join(map(str, options['proxy_shards']))}'")
+    if options["byzantine_workers"]:
+        parts.append(f"--byzantine-workers {','.join(map(str, options['byzantine_workers']))}"
+                     f" --worker-attack {options['worker_attack']}")
+    return " ".join(parts)
+
+
+def _environment(role: str, *settings: Any) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for instance in settings:
+        env.update(to_environ(instance, role))
+    return env
+
+
+def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]]]:
+    """Service name -> (command, environment beyond the run configuration)."""
+    cfg, attack = dep.cfg, dep.attack
+    s, n = cfg.num_shards, cfg.num_workers
+    servers = [f"server-{k}" for k in range(s)]
+    fronts = [f"proxy-{k}" if k in attack.proxy_shards else servers[k] for k in range(s)]
+    out: dict[str, tuple[str, dict[str, str]]] = {}
+    for k, name in enumerate(servers):
+        out[name] = ("ps-server", _environment(
+            SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}"),
+            dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
+    for k in attack.proxy_shards:
+        out[f"proxy-{k}"] = ("ps-proxy", _environment(
+            PROXY, dep.settings(ProxyOptions, PROXY, bind=f"tcp://0.0.0.0:{PORT}",
+                                server=endpoint(servers[k])),
+            attack, attack.attack(attack.proxy_attack),
+            dep.settings(ProcessOptions, PROXY, out_dir=OUT_DIR, ready_file=READY_FILE)))
+    worker_servers = ",".join(endpoint(h) for h in fronts)
+    for i in range(n):
+        lies = (attack, attack.attack(attack.worker_attack)) if attack.is_byzantine(i) else ()
+        out[f"worker-{i}"] = ("ps-worker", _environment(
+            WORKER, dep.settings(ClientOptions, WORKER, servers=worker_servers, worker_id=i),
+            *lies, dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR)))
+    # the evaluator reads the real servers, never a proxy: it measures what they hold
+    out["evaluator"] = ("ps-worker", _environment(
+        EVALUATOR, dep.settings(ClientOptions, EVALUATOR, evaluate=True,
+                                servers=",".join(endpoint(h) for h in servers)),
+        dep.settings(EvalOptions, EVALUATOR),
+        dep.settings(ProcessOptions, EVALUATOR, out_dir=OUT_DIR)))
+    return out
+
+
+def render(dep: Deployment, options: dict) -> str:
+    """The compose file of ``dep`` with the given topology options."""
+    cfg, attack = dep.cfg, dep.attack
+    s, n = cfg.num_shards, cfg.num_workers
+    byzantine = options["byzantine_workers"]
+    out = [
+        "# GENERATED by docker/gen_compose.py from " + options["env_file"] + ": edit that file",
+        "# (run configuration, attack, timeouts) and rerun the generator; see docs/docker.md.",
+        f"# Topology: {s} servers, {n} workers, proxies before shards "
+        f"{','.join(map(str, attack.proxy_shards)) or '(none)'}"
+        + (f", Byzantine workers {','.join(map(str, byzantine))} ({options['worker_attack']})"
+           if byzantine else "") + ", one evaluator.",
+        "# Regenerate: " + command_for(options),
+        ARGS_MARK + json.dumps(options, sort_keys=True),
+        "#",
+        "# File format 2.4: `depends_on` with a `condition:` works with docker-compose v1",
+        "# (1.29+) and with `docker compose` v2.",
+        'version: "2.4"',
+        "",
+        "x-node: &node",
+        "  image: ${PS_IMAGE:-byzps:latest}",
+        "  # non-root; PS_UID/PS_GID let the files on the host belong to you",
+        '  user: "${PS_UID:-1000}:${PS_GID:-1000}"',
+        "  volumes:",
+        f"    - ${{PS_RUNS_DIR:-./runs/compose}}:{OUT_DIR}",
+        "  cap_drop: [ALL]",
+        "  security_opt: [no-new-privileges:true]",
+        '  restart: "no"',
+        "",
+        "# the run configuration, identical on every node (the servers compare its hash)",
+        "x-run: &run",
+        *[f'  {k}: "{v}"' for k, v in to_environ(cfg, SERVER).items()],
+        "",
+        "# servers and proxies write PS_READY_FILE once they listen (a proxy: once its",
+        "# server answered too); no Python, no torch in the check",
+        "x-ready: &ready",
+        f'  test: ["CMD", "test", "-f", "{READY_FILE}"]',
+        "  interval: 2s",
+        "  timeout: 2s",
+        "  retries: 150",
+        "",
+        "services:",
+        # A host directory that does not exist yet is created by the Docker daemon,
+        # owned by root: hand it to the containers' user (only then, never a directory
+        # that belongs to someone already). It starts first, so it builds the image.
+        "  runs-dir:",
+        "    <<: *node",
+        "    build:",
+        "      context: .",
+        "      args:",
+        "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}",
+        '    user: "0:0"',
+        "    cap_add: [CHOWN]",
+        "    command: [sh, -c, 'if [ \"$$(stat -c %u /runs)\" = 0 ]; "
+        "then chown ${PS_UID:-1000}:${PS_GID:-1000} /runs; fi']",
+        "",
+    ]
+    servers = [f"server-{k}" for k in range(s)]
+    proxies = [f"proxy-{k}" for k in attack.proxy_shards]
+    depends = {"server": ["runs-dir"], "proxy": None, "worker": servers + proxies,
+               "evaluator": servers}
+    anchors: dict[tuple[str, ...], str] = {}
+    for name, (command, env) in service_environments(dep).items():
+        out += [f"  {name}:", "    <<: *node", f"    command: [{command}]", "    environment:",
+                "      <<: *run", f"      PS_LOG_NAME: {name}"]
+        out += [f'      {k}: "{v}"' for k, v in env.items()]
+        kind = name.split("-")[0]
+        needs = depends[kind] if kind != "proxy" else [f"server-{name.split('-')[1]}"]
+        key = tuple(needs)
+        if key in anchors:  # the same block again: a YAML alias
+            out.append(f"    depends_on: *{anchors[key]}")
+        else:
+            anchors[key] = f"{name}-deps"
+            out.append(f"    depends_on: &{anchors[key]}")
+            for d in needs:
+                done = "completed_successfully" if d == "runs-dir" else "healthy"
+                out += [f"      {d}:", f"        condition: service_{done}"]
+        if kind in ("server", "proxy"):
+            out.append("    healthcheck: *ready")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env-file", default=DEFAULT_ENV,
+                        help="env file holding the run's settings, relative to the "
+                        f"repository root (default {DEFAULT_ENV})")
+    parser.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
+                        help=f"compose file to write (default {DEFAULT_OUTPUT})")
+    parser.add_argument("--workers", "-n", type=int, help="set PS_WORKERS in the env file first")
+    parser.add_argument("--shards", "-S", type=int, help="set PS_SHARDS in the env file first")
+    parser.add_argument("--proxy-shards", type=int_list, default=[0],
+                        help="shards with a ps-proxy in front (comma-separated, '' for "
+                        "none; default 0)")
+    parser.add_argument("--byzantine-workers", type=int_list, default=[],
+                        help="worker ids that run --worker-attack (comma-separated)")
+    parser.add_argument("--worker-attack", choices=attack_names(WORKER)[1:], default="gaussian",
+                        help="attack of the Byzantine workers (default gaussian)")
+    parser.add_argument("--check", action="store_true",
+                        help="do not write: exit 1 if the compose file differs from what "
+                        "its recorded options and the env file give")
+    args = parser.parse_args(argv)
+    try:
+        return _generate(args)
+    except ConfigError as exc:
+        print(f"gen_compose: {exc}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    output = ROOT / args.output
+    if args.check:
+        if not output.exists():
+            print(f"{args.output} does not exist", file=sys.stderr)
+            return 1
+        recorded = None
+        for line in output.read_text(encoding="utf-8").splitlines():
+            if line.startswith(ARGS_MARK):
+                recorded = json.loads(line[len(ARGS_MARK):])
+        if recorded is None:
+            print(f"{args.output} was not written by gen_compose.py", file=sys.stderr)
+            return 1
+        options = recorded
+    else:
+        options = {
+            "env_file": args.env_file,
+            "proxy_shards": sorted(set(args.proxy_shards)),
+            "byzantine_workers": sorted(set(args.byzantine_workers)),
+            "worker_attack": args.worker_attack,
+        }
+    env_path = ROOT / options["env_file"]
+    if not args.check and (args.workers is not None or args.shards is not None):
+        updates = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards}
+        for key, value in updates.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        set_env_values(env_path, {k: v for k, v in updates.items() if v is not None})
+    dep = deployment(read_env(env_path), options)
+    text = render(dep, options)
+    s, n = dep.cfg.num_shards, dep.cfg.num_workers
+    if args.check:
+        if output.read_text(encoding="utf-8") != text:
+            print(f"{args.output} is stale: it differs from what {options['env_file']} "
+                  f"gives now; rerun: {command_for(options)}", file=sys.stderr)
+            return 1
+        print(f"{args.output} is up to date ({s} servers, {n} workers)")
+        return 0
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {args.output}: {s} servers, {n} workers, "
+          f"proxies before {list(dep.attack.proxy_shards) or 'no shard'}, "
+          f"Byzantine workers {options['byzantine_workers'] or 'none'}")
+    return 0

@@ -1,0 +1,1 @@
+"""``ps-cluster``: a whole run as local processes, started, watched and stopped."""

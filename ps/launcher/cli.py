@@ -1,0 +1,134 @@
+"""``ps-cluster``: run a whole cluster as local processes, with live progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common.attacks import ATTACKS
+from common.cli import settings_command
+from common.config import AttackConfig, RunConfig
+from common.errors import PeerError
+from common.process import ProcessOptions, pin_torch_threads, run_process
+from common.settings import COMMAND_ROLES, take
+from ps.launcher.options import ClusterOptions
+from server.options import ServerOptions
+from worker.options import ClientOptions, EvalOptions
+
+COMMAND = "ps-cluster"
+SETTINGS_OWNERS = (ClusterOptions, ClientOptions, EvalOptions, ServerOptions, AttackConfig,
+                   RunConfig, ProcessOptions)
+
+
+def build_command() -> click.Command:
+    """The ``ps-cluster`` command, its options derived from the settings declarations."""
+    settings = (*SETTINGS_OWNERS, *ATTACKS.values())
+
+    @settings_command(COMMAND, settings)
+    def main(**values: Any) -> None:
+        """Start S servers, proxies, n workers and the evaluator as local processes and
+        train; show progress; leave logs and metrics in --out-dir.
+
+        Each process gets its settings as flags derived from the same declarations as
+        ps-server, ps-proxy and ps-worker (a deployment starts those one by one).
+
+        Example (the paper's gambler scenario on one of four servers):
+
+            ps-cluster --rule marmed --proxy-attack gambler --rounds 300
+        """
+        process = take(ProcessOptions, values, COMMAND_ROLES[COMMAND])
+        run_process("cluster", process, lambda: launch(values, process))
+
+    return main
+
+
+def spec_from(values: dict[str, Any], process: ProcessOptions):
+    """The ``ClusterSpec`` that command values describe (validated)."""
+    from ps.launcher.cluster import ClusterSpec
+
+    roles = COMMAND_ROLES[COMMAND]
+    cfg = take(RunConfig, values, roles).validate()
+    attack = AttackConfig.build(values, roles).validate(cfg)
+    out = process.out_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.rule}"
+    return ClusterSpec(cfg=cfg, attack=attack, out_dir=out,
+                       client=take(ClientOptions, values, roles),
+                       evaluation=take(EvalOptions, values, roles),
+                       cluster=take(ClusterOptions, values, roles),
+                       server=take(ServerOptions, values, roles),
+                       process=replace(process, out_dir=out))
+
+
+def launch(values: dict[str, Any], process: ProcessOptions) -> None:
+    from ps.launcher.cluster import Cluster
+
+    spec = spec_from(values, process)
+    cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
+    evaluator = not spec.cluster.no_evaluator
+    proxies = f", {len(attack.proxy_shards)} proxy" if attack.proxy_attack != "none" else ""
+    click.echo(f"starting {cfg.num_shards} servers, {cfg.num_workers} workers{proxies}"
+               f"{', evaluator' if evaluator else ''}; rule {cfg.rule} (q={cfg.q}); "
+               f"output in {out}", err=True)
+    display = ProgressLine(cfg.rounds)
+    result = Cluster(spec).run(display.update)
+    display.finish()
+    p = result.progress
+    click.echo(f"done: {cfg.rounds} rounds in {result.seconds:.1f} s "
+               f"({p.rounds_per_s:.1f} rounds/s)"
+               + (f"; test top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
+                  if p.top1 is not None else ""))
+    click.echo(f"final parameters sha256 {result.digest}")
+    click.echo(f"logs and metrics: {out}")
+    if spec.cluster.verify:
+        verify(spec, result.digest)
+
+
+def verify(spec, digest: str) -> None:
+    """Run the reference engine with the same settings; ``PeerError`` if it differs."""
+    pin_torch_threads(spec.process.torch_threads)
+    from ps.reference.engine import simulate
+
+    click.echo("running the in-process reference engine ...", err=True)
+    reference = simulate(spec.cfg, spec.attack, data_dir=spec.client.data_dir)
+    if reference.digest != digest:
+        raise PeerError(f"cluster and reference differ: {digest} != {reference.digest}")
+    click.echo(f"verified: the reference engine ends with the same parameters "
+               f"({reference.seconds:.1f} s, {spec.cfg.rounds / reference.seconds:.1f} "
+               "rounds/s)")
+
+
+class ProgressLine:
+    """One status line, redrawn in place on a terminal, printed every few seconds otherwise."""
+
+    def __init__(self, rounds: int, every_s: float = 5.0) -> None:
+        self.rounds = rounds
+        self.tty = sys.stderr.isatty()
+        self.every_s = every_s
+        self.last_print = 0.0
+        self.text = ""
+
+    def update(self, p) -> None:
+        acc = f" | top-1 {p.top1:.3f} @ round {p.eval_round}" if p.top1 is not None else ""
+        text = f"round {p.round}/{self.rounds} | {p.rounds_per_s:5.1f} rounds/s{acc}"
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write("\r" + text.ljust(len(self.text)))
+            sys.stderr.flush()
+        elif text != self.text and now - self.last_print >= self.every_s:
+            sys.stderr.write(text + "\n")
+            self.last_print = now
+        self.text = text
+
+    def finish(self) -> None:
+        if self.tty and self.text:
+            sys.stderr.write("\n")
+
+
+main = build_command()
+
+if __name__ == "__main__":
+    main()

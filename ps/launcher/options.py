@@ -1,0 +1,22 @@
+"""How the launcher runs a cluster (beyond what it hands its children)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.settings import CLUSTER, setting
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The settings of ``ps-cluster`` itself."""
+
+    host: str = setting("127.0.0.1", "Loopback address the nodes bind.", roles=(CLUSTER,))
+    no_evaluator: bool = setting(False, "Do not start the evaluator.", roles=(CLUSTER,))
+    run_timeout_s: float | None = setting(None, "Stop everything (exit 4) if the run takes "
+                                          "longer than this many seconds.",
+                                          flag="--run-timeout",
+                                          roles=(CLUSTER,), minimum=0.001)
+    verify: bool = setting(False, "Afterwards run the in-process reference engine with the "
+                           "same settings and check that the final parameters are "
+                           "bit-identical (exit 3 if not).", roles=(CLUSTER,))

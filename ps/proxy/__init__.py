@@ -1,0 +1,1 @@
+"""``ps-proxy``: the man-in-the-middle that corrupts values between workers and a server."""

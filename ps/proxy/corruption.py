@@ -1,0 +1,73 @@
+"""What the man-in-the-middle does to the traffic of one shard (no sockets).
+
+The proxy's core (``ps/proxy/core.py``) and the reference engine
+(``ps/reference/engine.py``) call the same methods, and every random draw comes from a
+stream derived from (seed, attack, round, worker, shard), so the corruption does not
+depend on the order in which messages arrive. What each attack does is its own
+module's business (``common/attacks/``); here is only where it strikes:
+
+* a value-level attack (gambler, bitflip; generalized model) corrupts every push to
+  this shard, and with ``corrupt_params`` the PARAMS replies to workers;
+* a vector attack (classic model) replaces the pushes of ``proxy_victims``: one at a
+  time when the forged vectors ignore the honest ones (gaussian), else once the whole
+  round is in (``whole_round``: omniscient, signflip, alie, ipm).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.attacks import Site, ValueAttack, VectorAttack
+from common.config import AttackConfig, RunConfig
+
+
+class ShardCorruptor:
+    """Corrupts pushes (and optionally PARAMS replies) of shard ``shard`` = [start, stop)."""
+
+    def __init__(self, cfg: RunConfig, attack: AttackConfig, shard: int, start: int, stop: int):
+        self.cfg = cfg
+        self.attack = attack
+        self.impl = attack.attack(attack.proxy_attack)
+        self.victims = attack.proxy_victims
+        self.shard = shard
+        self.start, self.stop = start, stop
+
+    @property
+    def whole_round(self) -> bool:
+        """True when the pushes of a round must all be seen before any is forwarded."""
+        return isinstance(self.impl, VectorAttack) and self.impl.reads_honest
+
+    def corrupt_push(self, round_: int, worker: int, values: np.ndarray) -> tuple[np.ndarray, int]:
+        """(values to forward, number of values changed) for one push."""
+        impl = self.impl
+        if isinstance(impl, ValueAttack):
+            return impl.corrupt(values, self._site(round_, worker, "push"))
+        if worker in self.victims:
+            empty = np.empty((1, values.size), dtype=np.float32)
+            forged = impl.forge_at(empty, 1, self.cfg.num_workers, self.cfg.seed,
+                                   f"proxy-{impl.name}", round_, worker, self.shard)
+            return forged[0], values.size
+        return values, 0
+
+    def corrupt_round(self, round_: int, pushes: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+        """Replace the victims' pushes (``pushes`` ordered by worker id) with forged ones."""
+        honest = np.stack([p for i, p in enumerate(pushes) if i not in self.victims])
+        forged = self.impl.forge_at(honest, len(self.victims), self.cfg.num_workers,
+                                    self.cfg.seed, f"proxy-{self.impl.name}", round_, self.shard)
+        out = list(pushes)
+        for row, worker in enumerate(self.victims):
+            out[worker] = forged[row]
+        return out, len(self.victims) * honest.shape[1]
+
+    def corrupt_params(
+        self, round_: int, worker: int, values: np.ndarray
+    ) -> tuple[np.ndarray, int]:
+        """PARAMS reply to ``worker`` (-1: the evaluator, never corrupted)."""
+        value_level = isinstance(self.impl, ValueAttack)
+        if not self.attack.corrupt_params or worker < 0 or not value_level:
+            return values, 0
+        return self.impl.corrupt(values, self._site(round_, worker, "params"))
+
+    def _site(self, round_: int, worker: int, what: str) -> Site:
+        return Site(seed=self.cfg.seed, round=round_, worker=worker, shard=self.shard,
+                    start=self.start, num_workers=self.cfg.num_workers, what=what)

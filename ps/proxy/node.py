@@ -1,0 +1,92 @@
+"""The proxy's ZeroMQ loop: a ROUTER front where the workers expect the server, a
+DEALER back to the real server, and the core (``ps/proxy/core.py``) in between.
+
+Requests travel front -> back with the worker's identity prepended (the server treats
+that envelope as opaque and echoes it); replies travel back -> front routed by it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from common.config import AttackConfig, RunConfig
+from common.errors import ClusterTimeout, ConfigError
+from common.metrics import JsonlWriter
+from common.process import ProcessOptions, check_stop
+from common.protocol import Hello, Welcome, encode
+from common.transport import (
+    bind_router,
+    connect_dealer,
+    receive,
+    send_frames,
+    write_ready_file,
+)
+from ps.proxy.core import ProxyCore
+from ps.proxy.options import ProxyOptions
+
+log = logging.getLogger("ps.proxy")
+
+POLL_MS = 200
+HANDSHAKE_RETRY_S = 1.0
+
+
+def handshake(back: zmq.Socket, cfg: RunConfig, options: ProxyOptions) -> Welcome:
+    """HELLO the server (as role 'proxy') until it answers; learn the shard's range."""
+    hello = encode(Hello(role="proxy", worker=-1, config_hash=cfg.config_hash,
+                         config=cfg.to_dict()))
+    deadline = time.monotonic() + options.connect_timeout_s
+    while True:
+        check_stop()
+        back.send_multipart([b"", *hello])
+        if back.poll(int(HANDSHAKE_RETRY_S * 1000), zmq.POLLIN):
+            reply = receive(back)
+            if reply.message is None:
+                raise ConfigError(f"server {options.server} answered garbage: {reply.error}")
+            if isinstance(reply.message.header, Welcome):
+                return reply.message.header
+            raise ConfigError(
+                f"server {options.server} refused the proxy: {reply.message.header}")
+        if time.monotonic() > deadline:
+            raise ClusterTimeout(f"server {options.server} did not answer within "
+                                 f"{options.connect_timeout_s:g} s")
+
+
+def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
+          process: ProcessOptions) -> None:
+    """Relay until stopped, or until the n ACKs of the last round went back."""
+    ctx = zmq.Context.instance()
+    back = connect_dealer(ctx, options.server)
+    front = None
+    try:
+        welcome = handshake(back, cfg, options)
+        out = process.out_dir
+        metrics = JsonlWriter(out / f"proxy-{welcome.shard}.jsonl" if out else None)
+        core = ProxyCore(cfg, attack, welcome, metrics)
+        front, endpoint = bind_router(ctx, options.bind)
+        log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
+                 welcome.start, welcome.stop, endpoint, options.server, attack.proxy_attack)
+        write_ready_file(process.ready_file, endpoint)
+        poller = zmq.Poller()
+        poller.register(front, zmq.POLLIN)
+        poller.register(back, zmq.POLLIN)
+        try:
+            while not core.finished:
+                check_stop()
+                events = dict(poller.poll(POLL_MS))
+                outgoing = []
+                if front in events:
+                    outgoing += core.from_worker(receive(front))
+                if back in events:
+                    outgoing += core.from_server(receive(back))
+                for o in outgoing:
+                    send_frames(back if o.to_server else front, o.frames)
+            log.info("the last round's pushes were all acknowledged; exiting")
+        finally:
+            metrics.close()
+    finally:
+        if front is not None:
+            front.close(linger=1000)
+        back.close(linger=1000)

@@ -1,0 +1,76 @@
+"""``ps-simulate``: the reference engine from the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from common.attacks import ATTACKS
+from common.cli import settings_command
+from common.config import AttackConfig, RunConfig
+from common.metrics import JsonlWriter
+from common.process import ProcessOptions, run_process
+from common.settings import COMMAND_ROLES, take
+from worker.options import ClientOptions, EvalOptions
+
+COMMAND = "ps-simulate"
+
+
+def build_command() -> click.Command:
+    """The ``ps-simulate`` command, its options derived from the settings declarations."""
+    settings = (ClientOptions, EvalOptions, AttackConfig, *ATTACKS.values(), RunConfig,
+                ProcessOptions)
+
+    @settings_command(COMMAND, settings)
+    def main(**values: Any) -> None:
+        """Run the same training as ps-cluster in one process (no sockets) and print
+        test accuracy every --eval-every rounds and the final parameters' sha256; with
+        --out-dir, the evaluations go to OUT_DIR/evaluator.jsonl as well.
+        """
+        roles = COMMAND_ROLES[COMMAND]
+        process = take(ProcessOptions, values, roles)
+
+        def start() -> None:
+            cfg = take(RunConfig, values, roles).validate()
+            attack = AttackConfig.build(values, roles).validate(cfg)
+            simulate_and_report(cfg, attack, take(ClientOptions, values, roles),
+                                take(EvalOptions, values, roles), process)
+
+        run_process("simulate", process, start, uses_torch=True)
+
+    return main
+
+
+def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOptions,
+                        evaluation: EvalOptions, process: ProcessOptions) -> None:
+    from common.data import load_dataset
+    from ps.reference.engine import simulate
+    from worker.evaluator import Evaluator
+
+    dataset = load_dataset(cfg.dataset, client.data_dir, seed=cfg.seed)
+    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
+    out = process.out_dir
+    metrics = JsonlWriter(out / "evaluator.jsonl" if out else None)
+
+    def report(t: int, sim) -> None:
+        if t % evaluation.eval_every and t != cfg.rounds:
+            return
+        e = evaluator.evaluate(sim.params())
+        metrics.write({"round": t, "loss": e.loss, "top1": e.top1, "top3": e.top3})
+        click.echo(f"round {t}: test loss {e.loss:.4f} top-1 {e.top1:.4f} top-3 {e.top3:.4f}")
+
+    try:
+        result = simulate(cfg, attack, dataset=dataset, on_round=report)
+    finally:
+        metrics.close()
+    click.echo(f"{cfg.rounds} rounds in {result.seconds:.1f} s "
+               f"({cfg.rounds / result.seconds:.1f} rounds/s); "
+               f"{result.corrupted_values} values corrupted in flight")
+    click.echo(f"final parameters sha256 {result.digest}")
+
+
+main = build_command()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Regenerate the README's tables of rules, attacks, datasets and settings from their
+declarations (the rule, attack and dataset registries; ``common.settings``).
+
+    python3 scripts/gen_docs.py           # rewrite the generated blocks of README.md
+    python3 scripts/gen_docs.py --check   # exit 1 if README.md is stale
+
+A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.attacks import ATTACKS, ValueAttack  # noqa: E402
+from common.config import AttackConfig, RunConfig  # noqa: E402
+from common.data import DATASETS  # noqa: E402
+from common.process import ProcessOptions  # noqa: E402
+from common.rules import RULES  # noqa: E402
+from common.settings import PROXY, WORKER, declared, markdown_table  # noqa: E402
+from ps.launcher.options import ClusterOptions  # noqa: E402
+from ps.proxy.options import ProxyOptions  # noqa: E402
+from server.options import ServerOptions  # noqa: E402
+from worker.options import ClientOptions, EvalOptions  # noqa: E402
+
+README = ROOT / "README.md"
+
+
+def rules_table() -> str:
+    rows = ["| `--rule` | definition | needs |", "|---|---|---|"]
+    rows += [f"| `{name}` | {cls.summary} | {cls.needs or '–'} |"
+             for name, cls in sorted(RULES.items())]
+    return "\n".join(rows)
+
+
+def attacks_table() -> str:
+    rows = ["| attack | model | where | what | parameters |", "|---|---|---|---|---|"]
+    for name, cls in ATTACKS.items():
+        model = "generalized (values)" if issubclass(cls, ValueAttack) else "classic (vectors)"
+        where = ", ".join(site for site in (WORKER, PROXY) if site in cls.sites)
+        params = ", ".join(f"`{d.flag}`" for d in declared(cls)) or "–"
+        rows.append(f"| `{name}` | {model} | {where} | {cls.summary} | {params} |")
+    return "\n".join(rows)
+
+
+def datasets_table() -> str:
+    rows = ["| `--dataset` | input | what |", "|---|---|---|"]
+    rows += [f"| `{name}` | {'x'.join(map(str, spec.input_shape))} | {spec.summary} |"
+             for name, spec in DATASETS.items()]
+    return "\n".join(rows)
+
+
+def settings_table() -> str:
+    return markdown_table((RunConfig, AttackConfig, *ATTACKS.values(), ServerOptions,
+                           ProxyOptions, ClientOptions, EvalOptions, ClusterOptions,
+                           ProcessOptions))
+
+
+BLOCKS = {"rules": rules_table, "attacks": attacks_table, "datasets": datasets_table,
+          "settings": settings_table}
+
+
+def regenerate(text: str) -> str:
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end: {name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no generated block {name!r}")
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    args = parser.parse_args(argv)
+    current = README.read_text(encoding="utf-8")
+    fresh = regenerate(current)
+    if args.check:
+        if fresh != current:
+            print("README.md is stale: run python3 scripts/gen_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(fresh, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""The behaviour of one server node, without sockets: what each message gets back.
+
+``ServerCore.handle(incoming, now)`` takes one received message (decoded, or the
+reason it could not be) and returns the replies to send, each to the envelope it
+names; ``done(now)`` says when the node may exit. The core owns everything a node
+decides:
+
+* the shard's state and round step (``ShardState``);
+* the HELLO check of the run settings;
+* PULLs and ``pull_next`` pushes parked until their round exists, and their limit;
+* the readers that have not yet read the final round (the node lingers for them);
+* the error counters, by code, sent in STATUS replies and the metrics;
+* the checkpoint cadence (a failed write is logged, counted and retried next time).
+
+``now`` is an argument, so everything time-driven is tested with a fake clock; the
+ZeroMQ loop around it is ``server/node.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from common.config import RunConfig
+from common.errors import ConfigError
+from common.metrics import JsonlWriter
+from common.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Message,
+    Params,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+)
+from common.sharding import shard_ranges
+from server.checkpoint import Checkpoint
+from server.options import ServerOptions
+from server.shard import Refused, ShardState
+
+if TYPE_CHECKING:
+    from common.transport import Incoming, Peer
+
+log = logging.getLogger("ps.server")
+
+# PULLs parked for future rounds; more than this is refused (a peer cannot grow memory).
+MAX_PARKED = 4096
+ROLES = ("worker", "evaluator", "proxy", "monitor")
+LOG_EVERY_ROUNDS = 50
+CHECKPOINT_FAILED = "checkpoint-failed"
+MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A message to send behind ``envelope``."""
+
+    envelope: list[Any]
+    header: Header
+    tensor: np.ndarray | None = None
+
+
+@dataclass
+class _Parked:
+    envelope: list[Any]
+    round: int
+
+
+class ServerCore:
+    """One shard's server: handles messages, steps rounds, decides when to exit."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        options: ServerOptions,
+        initial: np.ndarray,
+        metrics: JsonlWriter | None = None,
+        save: Callable[[Checkpoint], None] | None = None,
+    ) -> None:
+        start, stop = shard_ranges(initial.size, cfg.num_shards)[options.shard]
+        self.cfg = cfg
+        self.options = options
+        self.start, self.stop, self.d = start, stop, initial.size
+        self.state = ShardState(cfg, options.shard, initial[start:stop])
+        self.metrics = metrics or JsonlWriter(None)
+        self.save = save
+        self.counters: Counter[str] = Counter()
+        self.parked: list[_Parked] = []
+        self.readers_waiting: set[Peer] = set()
+        self.bytes_in = 0
+        self.finished_at: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Continue from ``ckpt``; ``ConfigError`` if it belongs to another run or shard."""
+        if ckpt.config_hash != self.cfg.config_hash or ckpt.shard != self.state.shard:
+            raise ConfigError(
+                f"checkpoint of shard {ckpt.shard} with configuration {ckpt.config_hash}, "
+                f"not shard {self.state.shard} with {self.cfg.config_hash}"
+            )
+        self.state.restore(ckpt.round, ckpt.params)
+
+    def done(self, now: float) -> bool:
+        """The run is over and no reader still waits for the final round (or the linger
+        time after the last round has passed)."""
+        if self.finished_at is None:
+            return False
+        lingering = now - self.finished_at < self.options.linger_s
+        return not (lingering and self.readers_waiting)
+
+    def checkpoint(self) -> None:
+        """Save the shard now (if a store was given); a failure is logged and counted."""
+        if self.save is None:
+            return
+        state = self.state
+        try:
+            self.save(Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params))
+        except OSError as exc:
+            self.counters[CHECKPOINT_FAILED] += 1
+            log.error("checkpoint of round %d failed (%s); retrying at the next one",
+                      state.round, exc)
+
+    def tick(self, now: float) -> list[Reply]:
+        """Time-driven work; marks the run finished once its last round is done."""
+        if self.state.finished and self.finished_at is None:
+            self.finished_at = now
+        return []
+
+    # -- messages ----------------------------------------------------------------
+
+    def handle(self, incoming: Incoming, now: float) -> list[Reply]:
+        """The replies to one received message."""
+        self.bytes_in += incoming.size
+        envelope = incoming.envelope
+        if incoming.message is None:
+            self.counters[ErrorCode.MALFORMED.value] += 1
+            log.warning("malformed message: %s", incoming.error)
+            if not envelope:
+                return []
+            return [self._error(envelope, ErrorCode.MALFORMED, str(incoming.error))]
+        header = incoming.message.header
+        try:
+            if isinstance(header, Hello):
+                return self._on_hello(envelope, incoming.peer, header)
+            if isinstance(header, Pull):
+                return self._on_pull(envelope, header)
+            if isinstance(header, Push):
+                return self._on_push(envelope, incoming.message, now)
+            if isinstance(header, Status):
+                return [Reply(envelope, self.status())]
+            raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
+        except Refused as exc:
+            self.counters[exc.code.value] += 1
+            log.debug("refused %s: %s", type(header).__name__, exc)
+            return [self._error(envelope, exc.code, str(exc))]
+
+    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello) -> list[Reply]:
+        if hello.role not in ROLES:
+            raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
+        if hello.config_hash != self.cfg.config_hash:
+            diffs = self.cfg.differences(hello.config) if hello.config else []
+            if diffs:
+                detail = "; ".join(diffs)
+            elif hello.config:
+                detail = "the same settings under another hash: another version?"
+            else:
+                detail = "no settings sent to compare"
+            raise Refused(
+                ErrorCode.CONFIG_MISMATCH,
+                f"configuration hash {hello.config_hash} != server's {self.cfg.config_hash} "
+                f"(server vs peer: {detail})",
+            )
+        if hello.role == "worker" and not 0 <= hello.worker < self.cfg.num_workers:
+            raise Refused(
+                ErrorCode.UNKNOWN_WORKER,
+                f"worker {hello.worker} is not in 0..{self.cfg.num_workers - 1}",
+            )
+        if hello.role == "evaluator":
+            self.readers_waiting.add(peer)
+        log.info("hello from %s %d", hello.role, hello.worker)
+        welcome = Welcome(shard=self.state.shard, num_shards=self.cfg.num_shards,
+                          start=self.start, stop=self.stop, d=self.d, round=self.state.round,
+                          rounds=self.cfg.rounds)
+        return [Reply(envelope, welcome)]
+
+    def _on_pull(self, envelope: list[Any], pull: Pull) -> list[Reply]:
+        params = self.state.params_at(pull.round)
+        if params is None:
+            self._park(envelope, pull.round)
+            return []
+        return [self._params(envelope, pull.round, params)]
+
+    def _on_push(self, envelope: list[Any], message: Message, now: float) -> list[Reply]:
+        push: Push = message.header  # type: ignore[assignment]
+        if push.pull_next:
+            self._check_parking_space()  # before storing: a refused push leaves nothing
+        self.state.push(push.round, push.worker, message)
+        replies = []
+        if push.pull_next:
+            self._park(envelope, push.round + 1)  # answered by PARAMS(round + 1)
+        else:
+            replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
+        if self.state.complete:
+            replies += self._finish_round(now)
+        return replies
+
+    def _check_parking_space(self) -> None:
+        if len(self.parked) >= MAX_PARKED:
+            raise Refused(ErrorCode.UNEXPECTED, f"too many parked PULLs ({MAX_PARKED})")
+
+    def _park(self, envelope: list[Any], round_: int) -> None:
+        self._check_parking_space()
+        self.parked.append(_Parked(envelope, round_))
+
+    def _finish_round(self, now: float) -> list[Reply]:
+        m = self.state.step()
+        self.metrics.write({
+            "time": time.time(),
+            "shard": self.state.shard,
+            "round": m.round,
+            "aggregation_ms": round(m.aggregation_ms, 3),
+            "nonfinite_values": m.nonfinite_values,
+            "params_finite": m.params_finite,
+            "bytes_in": self.bytes_in,
+            "errors": sum(self.counters.values()),
+            "rule_info": m.rule_info,
+        })
+        every = self.options.checkpoint_every
+        if every and self.state.round % every == 0:
+            self.checkpoint()
+        if m.round % LOG_EVERY_ROUNDS == 0 or self.state.finished:
+            log.info("round %d aggregated in %.2f ms", m.round, m.aggregation_ms)
+        if self.state.finished:
+            self.finished_at = now
+        replies, waiting, self.parked = [], self.parked, []
+        for p in waiting:
+            if p.round == self.state.round:
+                replies.append(self._params(p.envelope, p.round, self.state.params))
+            else:
+                self.parked.append(p)
+        return replies
+
+    # -- replies -----------------------------------------------------------------
+
+    def _params(self, envelope: list[Any], round_: int, params: np.ndarray) -> Reply:
+        if round_ >= self.cfg.rounds:
+            self.readers_waiting.discard(tuple(bytes(f) for f in envelope))
+        header = Params(round=round_, shard=self.state.shard, length=params.size)
+        return Reply(envelope, header, params)
+
+    def status(self) -> StatusReply:
+        return StatusReply(
+            shard=self.state.shard,
+            round=self.state.round,
+            rounds=self.cfg.rounds,
+            finished=self.state.finished,
+            pushes=np.flatnonzero(self.state.received).tolist(),
+            counters=dict(self.counters),
+        )
+
+    def _error(self, envelope: list[Any], code: ErrorCode, message: str) -> Reply:
+        if len(message) > MAX_ERROR_TEXT:  # a peer's input quoted back stays bounded
+            message = message[:MAX_ERROR_TEXT] + " ..."
+        return Reply(envelope, Error(code=code.value, message=message, round=self.state.round))

@@ -1,0 +1,384 @@
+"""The proxy's behaviour without sockets (``ps/proxy/core.py``): what each message becomes.
+
+Messages are built as the transport would hand them over: a worker's request on the
+ROUTER front and the server's reply on the DEALER back both carry the worker's
+envelope (``[b"w<i>"]``) in front of the empty delimiter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.config import AttackConfig, RunConfig
+from common.metrics import JsonlWriter, read_jsonl
+from common.protocol import (
+    Ack,
+    Header,
+    Hello,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Status,
+    Welcome,
+    decode,
+    encode,
+    split_envelope,
+)
+from common.transport import Incoming
+from ps.proxy.core import Outgoing, ProxyCore
+from ps.proxy.corruption import ShardCorruptor
+
+# --------------------------------------------------------------------------- setup
+
+CFG = RunConfig(dataset="synthetic", num_workers=4, num_shards=2, rule="marmed", q=1,
+                rounds=3, seed=5).validate()
+WELCOME = Welcome(shard=1, num_shards=2, start=100, stop=200, d=200, round=0, rounds=3)
+N = CFG.num_workers
+LENGTH = WELCOME.stop - WELCOME.start  # 100 values per push / PARAMS of shard 1
+PAPER_MASK = np.uint32((1 << 21) | (1 << 29) | (1 << 30) | (1 << 31))
+
+GAMBLER = {"proxy_attack": "gambler", "gambler_p": 0.5}
+OMNISCIENT = {"proxy_attack": "omniscient", "proxy_victims": (0, 2), "omniscient_scale": 10.0}
+GAUSSIAN = {"proxy_attack": "gaussian", "proxy_victims": (3,)}
+BITFLIP = {"proxy_attack": "bitflip", "bitflip_coords": 150}
+
+
+def attack(**given: Any) -> AttackConfig:
+    """A validated proxy attack on shard 1."""
+    return AttackConfig.build(proxy_shards=(1,), **given).validate(CFG)
+
+
+def make_core(attack_cfg: AttackConfig, metrics: JsonlWriter | None = None) -> ProxyCore:
+    return ProxyCore(CFG, attack_cfg, WELCOME, metrics)
+
+
+def reference(attack_cfg: AttackConfig) -> ShardCorruptor:
+    """A corruptor for the same shard, to compare the core's output with."""
+    return ShardCorruptor(CFG, attack_cfg, WELCOME.shard, WELCOME.start, WELCOME.stop)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def env(worker: int) -> list[bytes]:
+    """The routing envelope of worker ``worker``'s connection."""
+    return [f"w{worker}".encode()]
+
+
+def _size(frames: Sequence[Any]) -> int:
+    return sum(memoryview(f).nbytes for f in frames)
+
+
+def incoming(envelope: list[bytes], header: Header, tensor: np.ndarray | None = None) -> Incoming:
+    """A decoded message behind ``envelope`` (front: from a worker; back: from the server)."""
+    body = encode(header, tensor)
+    frames = [*envelope, b"", *body]
+    return Incoming(envelope=list(envelope), message=decode(body), error=None, frames=frames,
+                    size=_size(frames))
+
+
+def garbage(envelope: list[bytes]) -> Incoming:
+    """Frames that could not be decoded."""
+    frames = [*envelope, b"garbage"]
+    return Incoming(envelope=list(envelope), message=None, error=ProtocolError("x"),
+                    frames=frames, size=_size(frames))
+
+
+def grad(worker: int, round_: int = 0) -> np.ndarray:
+    """Worker ``worker``'s gradient shard for ``round_`` (deterministic, finite)."""
+    rng = np.random.default_rng([round_, worker])
+    return rng.standard_normal(LENGTH).astype(np.float32)
+
+
+def push(worker: int, round_: int = 0, pull_next: bool = False) -> Incoming:
+    header = Push(round=round_, worker=worker, length=LENGTH, pull_next=pull_next)
+    return incoming(env(worker), header, grad(worker, round_))
+
+
+def params_values(round_: int) -> np.ndarray:
+    return np.random.default_rng([99, round_]).standard_normal(LENGTH).astype(np.float32)
+
+
+def params_reply(envelope: list[bytes], round_: int) -> Incoming:
+    """The server's PARAMS(round_) reply, routed back to ``envelope``."""
+    header = Params(round=round_, shard=WELCOME.shard, length=LENGTH)
+    return incoming(envelope, header, params_values(round_))
+
+
+def sent(out: Outgoing) -> tuple[list[bytes], Header, np.ndarray | None]:
+    """(envelope, header, tensor or None) of frames the core sends."""
+    envelope, body = split_envelope(out.frames)
+    msg = decode(body)
+    tensor = np.array(msg.tensor()) if msg.chunks else None
+    return [bytes(f) for f in envelope], msg.header, tensor
+
+
+def as_bytes(frames: Sequence[Any]) -> list[bytes]:
+    return [bytes(memoryview(f).cast("B")) for f in frames]
+
+
+def bits(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32).view(np.uint32)
+
+
+def forward_all(core: ProxyCore, pushes: Sequence[Incoming]) -> list[Outgoing]:
+    out: list[Outgoing] = []
+    for p in pushes:
+        out += core.from_worker(p)
+    return out
+
+
+# --------------------------------------------------------------------------- gambler
+
+
+def test_gambler_forwards_each_push_at_once_corrupted_as_the_corruptor_says() -> None:
+    a = attack(**GAMBLER)
+    core, ref = make_core(a), reference(a)
+    for worker in range(N):
+        out = core.from_worker(push(worker, round_=1))
+        assert len(out) == 1 and out[0].to_server
+        envelope, header, values = sent(out[0])
+        assert envelope == env(worker)
+        assert header == Push(round=1, worker=worker, length=LENGTH)
+        expected, changed = ref.corrupt_push(1, worker, grad(worker, 1))
+        assert changed > 0
+        np.testing.assert_array_equal(bits(values), bits(expected))
+        assert np.count_nonzero(bits(values) != bits(grad(worker, 1))) == changed
+
+
+def test_gambler_corruption_does_not_depend_on_arrival_order() -> None:
+    a = attack(**GAMBLER)
+    keys = [(r, w) for r in (0, 1) for w in range(N)]
+
+    def run(order: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        core = make_core(a)
+        result = {}
+        for r, w in order:
+            (out,) = core.from_worker(push(w, round_=r))
+            result[(r, w)] = bits(sent(out)[2]).tobytes()
+        return result
+
+    forward, backward = run(keys), run(keys[::-1])
+    assert forward == backward
+    assert len(set(forward.values())) == len(keys)  # each (round, worker) its own draws
+
+
+# --------------------------------------------------------------------------- omniscient
+
+
+def test_omniscient_holds_a_round_and_releases_it_in_worker_order() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    arrival = [2, 0, 3, 1]
+    for worker in arrival[:-1]:
+        assert core.from_worker(push(worker)) == []
+    out = core.from_worker(push(arrival[-1]))
+    assert [o.to_server for o in out] == [True] * N
+    for worker, o in enumerate(out):
+        envelope, header, _ = sent(o)
+        assert envelope == env(worker)
+        assert header == Push(round=0, worker=worker, length=LENGTH)
+    assert not core.tables.held
+
+
+def test_omniscient_replaces_victims_by_minus_scale_times_sum_of_honest_rows() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    out = forward_all(core, [push(w) for w in range(N)])
+    values = {sent(o)[1].worker: sent(o)[2] for o in out}
+    forged = (grad(1) + grad(3)) * np.float32(-10.0)
+    for victim in (0, 2):
+        np.testing.assert_array_equal(values[victim], forged)
+    for honest in (1, 3):
+        np.testing.assert_array_equal(bits(values[honest]), bits(grad(honest)))
+
+
+def test_omniscient_writes_one_metrics_line_per_round(tmp_path) -> None:
+    metrics = JsonlWriter(tmp_path / "p.jsonl")
+    core = make_core(attack(**OMNISCIENT), metrics)
+    forward_all(core, [push(w) for w in range(N)])
+    metrics.close()
+    (line,) = read_jsonl(tmp_path / "p.jsonl")
+    assert line["round"] == 0
+    assert line["pushes"] == N
+    assert line["corrupted_values"] == 2 * LENGTH
+    assert line["unparsed_relayed"] == 0
+
+
+def test_omniscient_drops_held_pushes_of_an_older_round_when_a_newer_one_is_released() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    forward_all(core, [push(0, round_=0), push(1, round_=0), push(3, round_=2)])
+    assert set(core.tables.held) == {0, 2}
+    out = forward_all(core, [push(w, round_=1) for w in range(N)])
+    assert [sent(o)[1].round for o in out] == [1] * N
+    assert set(core.tables.held) == {2}  # round 0 can no longer complete; round 2 still can
+    assert set(core.tables.held[2]) == {3}
+
+
+# --------------------------------------------------------------------------- gaussian
+
+
+def test_gaussian_replaces_only_the_victims_push_at_once() -> None:
+    a = attack(**GAUSSIAN)
+    core, ref = make_core(a), reference(a)
+    for worker in range(N):
+        (out,) = core.from_worker(push(worker))
+        envelope, header, values = sent(out)
+        assert out.to_server and envelope == env(worker)
+        assert header == Push(round=0, worker=worker, length=LENGTH)
+        if worker == 3:
+            assert np.isfinite(values).all()
+            assert not np.any(values == grad(worker))
+            np.testing.assert_array_equal(values, ref.corrupt_push(0, 3, grad(3))[0])
+        else:
+            np.testing.assert_array_equal(bits(values), bits(grad(worker)))
+
+
+# --------------------------------------------------------------------------- bitflip
+
+
+def test_bitflip_flips_each_of_the_shards_first_coordinates_in_exactly_one_worker() -> None:
+    core = make_core(attack(**BITFLIP))
+    flipped = np.zeros((N, LENGTH), dtype=bool)
+    for worker in range(N):
+        (out,) = core.from_worker(push(worker))
+        xor = bits(sent(out)[2]) ^ bits(grad(worker))
+        assert (xor[xor != 0] == PAPER_MASK).all()
+        flipped[worker] = xor != 0
+    in_range = 150 - WELCOME.start  # global coordinates 100..149 = local 0..49
+    assert (flipped[:, :in_range].sum(axis=0) == 1).all()
+    assert not flipped[:, in_range:].any()
+
+
+# --------------------------------------------------------------------------- PARAMS
+
+
+@pytest.mark.parametrize("given", [GAMBLER, BITFLIP], ids=["gambler", "bitflip"])
+def test_params_are_corrupted_for_the_worker_that_asked(given: dict[str, Any]) -> None:
+    a = attack(corrupt_params=True, **given)
+    core, ref = make_core(a), reference(a)
+    assert core.from_worker(incoming(env(1), Pull(round=1, worker=1))) != []
+    assert core.from_worker(push(2, round_=0, pull_next=True)) != []
+    replies = {}
+    for worker in (1, 2):
+        (out,) = core.from_server(params_reply(env(worker), 1))
+        envelope, header, values = sent(out)
+        assert not out.to_server and envelope == env(worker)
+        assert header == Params(round=1, shard=WELCOME.shard, length=LENGTH)
+        expected, changed = ref.corrupt_params(1, worker, params_values(1))
+        assert changed > 0
+        np.testing.assert_array_equal(bits(values), bits(expected))
+        replies[worker] = bits(values)
+    assert not np.array_equal(replies[1], replies[2])
+
+
+@pytest.mark.parametrize("given", [GAMBLER, BITFLIP], ids=["gambler", "bitflip"])
+def test_params_for_an_evaluator_are_never_corrupted(given: dict[str, Any], tmp_path) -> None:
+    metrics = JsonlWriter(tmp_path / "p.jsonl")
+    core = make_core(attack(corrupt_params=True, **given), metrics)
+    evaluator = [b"eval"]
+    (pull,) = core.from_worker(incoming(evaluator, Pull(round=1, worker=-1)))
+    assert pull.to_server
+    (out,) = core.from_server(params_reply(evaluator, 1))
+    envelope, header, values = sent(out)
+    assert not out.to_server and envelope == evaluator
+    assert header == Params(round=1, shard=WELCOME.shard, length=LENGTH)
+    np.testing.assert_array_equal(bits(values), bits(params_values(1)))
+    metrics.close()
+    assert read_jsonl(tmp_path / "p.jsonl") == []
+
+
+@pytest.mark.parametrize("given", [GAMBLER, BITFLIP], ids=["gambler", "bitflip"])
+def test_params_are_relayed_byte_identical_without_corrupt_params(given: dict[str, Any]) -> None:
+    core = make_core(attack(**given))
+    core.from_worker(incoming(env(1), Pull(round=1, worker=1)))
+    reply = params_reply(env(1), 1)
+    (out,) = core.from_server(reply)
+    assert not out.to_server
+    assert as_bytes(out.frames) == as_bytes(reply.frames)
+
+
+# --------------------------------------------------------------------------- relaying
+
+
+def test_undecodable_frames_from_a_worker_go_to_the_server_unchanged() -> None:
+    core = make_core(attack(**GAMBLER))
+    msg = garbage(env(1))
+    assert core.from_worker(msg) == [Outgoing(True, msg.frames)]
+    assert core.relayed_unparsed == 1
+
+
+def test_undecodable_frames_from_the_server_go_to_the_worker_unchanged() -> None:
+    core = make_core(attack(**GAMBLER))
+    msg = garbage(env(1))
+    assert core.from_server(msg) == [Outgoing(False, msg.frames)]
+    assert core.relayed_unparsed == 0
+
+
+def test_a_late_reply_to_the_proxys_own_hello_is_dropped() -> None:
+    core = make_core(attack(**GAMBLER))
+    assert core.from_server(incoming([], WELCOME)) == []
+
+
+@pytest.mark.parametrize("header", [
+    Hello(role="worker", worker=1, config_hash=CFG.config_hash, config=CFG.to_dict()),
+    Status(),
+    Pull(round=0, worker=1),
+], ids=["hello", "status", "pull"])
+def test_requests_without_a_payload_are_relayed_unchanged(header: Header) -> None:
+    core = make_core(attack(**GAMBLER))
+    msg = incoming(env(1), header)
+    assert core.from_worker(msg) == [Outgoing(True, msg.frames)]
+
+
+# --------------------------------------------------------------------------- exit
+
+
+def test_finished_after_the_n_acks_of_the_last_round() -> None:
+    core = make_core(attack(**GAMBLER))
+    last = CFG.rounds - 1
+    for worker in range(N):  # the ACKs of an earlier round do not count
+        ack = incoming(env(worker), Ack(round=last - 1, worker=worker))
+        assert core.from_server(ack) == [Outgoing(False, ack.frames)]
+    assert not core.finished
+    for worker in range(N):
+        assert not core.finished
+        ack = incoming(env(worker), Ack(round=last, worker=worker))
+        assert core.from_server(ack) == [Outgoing(False, ack.frames)]
+    assert core.finished
+
+
+# --------------------------------------------------------------------------- bugs
+
+# A decodable but invalid message is the server's to refuse (UNKNOWN_WORKER,
+# WRONG_LENGTH, STALE_ROUND...); the proxy raising on it stops the whole shard's relay.
+
+
+@pytest.mark.parametrize(("given", "round_", "worker"), [
+    (GAMBLER, 0, -1),
+    (GAMBLER, -1, 0),
+    (BITFLIP, 0, N),
+], ids=["gambler-worker-minus-1", "gambler-round-minus-1", "bitflip-worker-n"])
+def test_a_push_with_an_invalid_worker_or_round_is_relayed(
+    given: dict[str, Any], round_: int, worker: int
+) -> None:
+    core = make_core(attack(**given))
+    header = Push(round=round_, worker=worker, length=LENGTH)
+    out = core.from_worker(incoming(env(1), header, grad(1)))
+    assert len(out) == 1 and out[0].to_server
+
+
+def test_a_held_round_with_a_push_of_the_wrong_length_does_not_crash() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    short = incoming(env(1), Push(round=0, worker=1, length=LENGTH - 1), grad(1)[:-1])
+    forward_all(core, [push(0), short, push(2), push(3)])
+
+
+def test_params_for_a_pull_with_an_out_of_range_worker_do_not_crash() -> None:
+    core = make_core(attack(corrupt_params=True, **BITFLIP))
+    core.from_worker(incoming(env(1), Pull(round=1, worker=N)))
+    out = core.from_server(params_reply(env(1), 1))
+    assert len(out) == 1 and not out[0].to_server

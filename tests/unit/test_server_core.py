@@ -1,0 +1,621 @@
+"""The server node's core without sockets: messages in, replies out, a fake clock.
+
+``ServerCore.handle(incoming, now)`` is driven with messages encoded and decoded by
+the real protocol code and wrapped as the transport would wrap them; ``now`` is a
+plain float, so lingering is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import server.core
+from common.config import RunConfig
+from common.errors import ConfigError
+from common.metrics import JsonlWriter, read_jsonl
+from common.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+    decode,
+    encode,
+)
+from common.transport import Incoming
+from server.checkpoint import Checkpoint
+from server.core import CHECKPOINT_FAILED, Reply, ServerCore
+from server.options import ServerOptions
+
+CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0, lr=0.5,
+                rounds=4).validate()
+INITIAL = np.arange(10, dtype=np.float32)
+SHARD = INITIAL[0:5]  # shard 0 of 2 holds [0, 5)
+LINGER_S = 5.0
+EVALUATOR = b"evaluator"
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _env(peer: bytes) -> list[bytes]:
+    return [peer]
+
+
+def _worker_peer(worker: int) -> bytes:
+    return f"worker-{worker}".encode()
+
+
+def message(header: Header, tensor: np.ndarray | None = None,
+            peer: bytes = b"peer-id") -> Incoming:
+    """What the transport hands the core for ``header`` sent by ``peer``."""
+    frames = encode(header, tensor)
+    return Incoming(envelope=_env(peer), message=decode(frames), error=None,
+                    frames=[peer, b"", *frames], size=sum(len(f) for f in frames))
+
+
+def garbage(envelope: list[bytes]) -> Incoming:
+    """A message the transport could not decode."""
+    frames = [b"\xc1not msgpack"]
+    return Incoming(envelope=envelope, message=None, error=ProtocolError("garbage"),
+                    frames=[*envelope, b"", *frames], size=sum(len(f) for f in frames))
+
+
+def make_core(tmp_path: Path | None = None, saved: list[Checkpoint] | None = None,
+              **options: object) -> ServerCore:
+    opts = ServerOptions(**{"shard": 0, "linger_s": LINGER_S, "checkpoint_every": 2,
+                            **options})  # type: ignore[arg-type]
+    metrics = JsonlWriter(tmp_path / "m.jsonl") if tmp_path is not None else None
+    return ServerCore(CFG, opts, INITIAL, metrics=metrics,
+                      save=saved.append if saved is not None else None)
+
+
+def grad(worker: int, round_: int = 0) -> np.ndarray:
+    """A distinct gradient shard per worker and round."""
+    return np.arange(5, dtype=np.float32) * (worker + 1) + round_
+
+
+def push(core: ServerCore, worker: int, round_: int | None = None,
+         values: np.ndarray | None = None, pull_next: bool = False,
+         now: float = 0.0) -> list[Reply]:
+    """Worker ``worker`` pushes its shard for ``round_`` (default: the current round)."""
+    round_ = core.state.round if round_ is None else round_
+    values = grad(worker, round_) if values is None else values
+    header = Push(round=round_, worker=worker, length=values.size, pull_next=pull_next)
+    return core.handle(message(header, values, _worker_peer(worker)), now)
+
+
+def run_rounds(core: ServerCore, count: int, now: float = 0.0) -> None:
+    """Every worker pushes (without pull_next) for ``count`` rounds."""
+    for _ in range(count):
+        for w in range(CFG.num_workers):
+            push(core, w, now=now)
+
+
+def pull(core: ServerCore, round_: int, peer: bytes = b"reader", worker: int = -1,
+         now: float = 0.0) -> list[Reply]:
+    return core.handle(message(Pull(round=round_, worker=worker), peer=peer), now)
+
+
+def hello(core: ServerCore, role: str = "worker", worker: int = 0, peer: bytes = b"peer-id",
+          cfg: RunConfig = CFG, config_hash: str | None = None,
+          config: dict | None = None) -> list[Reply]:
+    """A HELLO sending ``cfg`` (or the given hash and settings map)."""
+    header = Hello(role=role, worker=worker,
+                   config_hash=cfg.config_hash if config_hash is None else config_hash,
+                   config=cfg.to_dict() if config is None else config)
+    return core.handle(message(header, peer=peer), 0.0)
+
+
+def only(replies: list[Reply]) -> Reply:
+    assert len(replies) == 1, replies
+    return replies[0]
+
+
+def assert_error(replies: list[Reply], code: ErrorCode, round_: int,
+                 peer: bytes = b"peer-id") -> Error:
+    reply = only(replies)
+    assert reply.envelope == _env(peer)
+    assert isinstance(reply.header, Error), reply.header
+    assert reply.header.code == code.value
+    assert reply.header.round == round_
+    assert reply.tensor is None
+    return reply.header
+
+
+def assert_params(reply: Reply, round_: int, values: np.ndarray, peer: bytes) -> None:
+    assert reply.envelope == _env(peer)
+    assert reply.header == Params(round=round_, shard=0, length=5)
+    assert reply.tensor is not None
+    np.testing.assert_allclose(reply.tensor, values, rtol=1e-6)
+
+
+def expected_after(params: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
+    """params - lr * mean(grads): one step of the mean rule."""
+    return params - np.float32(CFG.lr) * np.mean(grads, axis=0, dtype=np.float32)
+
+
+# -- HELLO ---------------------------------------------------------------------------
+
+
+def test_hello_is_welcomed_with_the_shard_range_and_round() -> None:
+    reply = only(hello(make_core()))
+    assert reply.envelope == [b"peer-id"]
+    assert reply.header == Welcome(shard=0, num_shards=2, start=0, stop=5, d=10, round=0,
+                                   rounds=4)
+    assert reply.tensor is None
+
+
+def test_hello_of_the_second_shard_names_its_range() -> None:
+    core = ServerCore(CFG, ServerOptions(shard=1), INITIAL)
+    welcome = only(hello(core)).header
+    assert isinstance(welcome, Welcome)
+    assert (welcome.shard, welcome.start, welcome.stop, welcome.d) == (1, 5, 10, 10)
+
+
+def test_hello_welcome_reports_the_current_round() -> None:
+    core = make_core()
+    run_rounds(core, 1)
+    welcome = only(hello(core, role="evaluator", worker=-1)).header
+    assert isinstance(welcome, Welcome) and welcome.round == 1
+
+
+def test_hello_with_another_config_is_refused_naming_the_setting() -> None:
+    core = make_core()
+    other = replace(CFG, lr=0.1)
+    error = assert_error(hello(core, cfg=other), ErrorCode.CONFIG_MISMATCH, 0)
+    assert "lr: 0.5 != 0.1" in error.message
+    assert "seed" not in error.message  # only the settings that differ
+    assert core.counters[ErrorCode.CONFIG_MISMATCH.value] == 1
+
+
+def test_hello_with_another_hash_and_no_config_is_refused() -> None:
+    core = make_core()
+    error = assert_error(hello(core, config_hash="0" * 16, config={}),
+                         ErrorCode.CONFIG_MISMATCH, 0)
+    assert "no settings sent" in error.message
+
+
+def test_hello_with_unknown_role_is_malformed() -> None:
+    core = make_core()
+    assert_error(hello(core, role="gardener"), ErrorCode.MALFORMED, 0)
+    assert core.counters[ErrorCode.MALFORMED.value] == 1
+
+
+@pytest.mark.parametrize("worker", [3, -1, 10**9])
+def test_hello_from_a_worker_out_of_range_is_unknown_worker(worker: int) -> None:
+    core = make_core()
+    error = assert_error(hello(core, worker=worker), ErrorCode.UNKNOWN_WORKER, 0)
+    assert str(worker) in error.message
+    assert core.counters[ErrorCode.UNKNOWN_WORKER.value] == 1
+
+
+def test_hello_config_with_a_bytes_key_gets_an_error_reply() -> None:
+    core = make_core()
+    config = {**CFG.to_dict(), b"lr": 1.0}
+    error = assert_error(hello(core, config_hash="0" * 16, config=config),
+                         ErrorCode.CONFIG_MISMATCH, 0)
+    assert "b'lr'" in error.message
+
+
+# -- PUSH ----------------------------------------------------------------------------
+
+
+def test_push_without_pull_next_is_acked() -> None:
+    core = make_core()
+    reply = only(push(core, 1))
+    assert reply.envelope == [_worker_peer(1)]
+    assert reply.header == Ack(round=0, worker=1)
+    assert reply.tensor is None
+    assert core.status().pushes == [1]
+
+
+def test_pull_next_pushes_get_the_next_round_params_when_the_round_completes() -> None:
+    core = make_core()
+    assert push(core, 0, pull_next=True) == []
+    assert push(core, 1, pull_next=True) == []
+    replies = push(core, 2, pull_next=True)
+    assert sorted(r.envelope[0] for r in replies) == [_worker_peer(w) for w in range(3)]
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    for reply in replies:
+        assert_params(reply, 1, expected, reply.envelope[0])
+    assert core.state.round == 1 and core.parked == []
+
+
+def test_last_push_without_pull_next_is_acked_and_releases_the_parked() -> None:
+    core = make_core()
+    push(core, 0, pull_next=True)
+    push(core, 1)
+    replies = push(core, 2)
+    assert replies[0].envelope == [_worker_peer(2)]
+    assert replies[0].header == Ack(round=0, worker=2)
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(only(replies[1:]), 1, expected, _worker_peer(0))
+
+
+def test_rounds_chain_the_mean_update() -> None:
+    core = make_core()
+    params = SHARD.copy()
+    for t in range(CFG.rounds):
+        run_rounds(core, 1)
+        params = expected_after(params, [grad(w, t) for w in range(3)])
+        np.testing.assert_allclose(core.state.params, params, rtol=1e-6)
+    assert core.state.finished
+
+
+@pytest.mark.parametrize(
+    ("rounds_done", "worker", "round_", "length", "code"),
+    [
+        (0, 3, 0, 5, ErrorCode.UNKNOWN_WORKER),
+        (0, -1, 0, 5, ErrorCode.UNKNOWN_WORKER),
+        (1, 0, 2, 5, ErrorCode.WRONG_ROUND),
+        (1, 0, 0, 5, ErrorCode.STALE_ROUND),
+        (1, 0, 1, 4, ErrorCode.WRONG_LENGTH),
+        (1, 0, 1, 6, ErrorCode.WRONG_LENGTH),
+        (4, 0, 4, 5, ErrorCode.FINISHED),
+    ],
+)
+def test_bad_push_gets_an_error_with_the_current_round(
+    rounds_done: int, worker: int, round_: int, length: int, code: ErrorCode
+) -> None:
+    core = make_core()
+    run_rounds(core, rounds_done)
+    replies = push(core, worker, round_, np.ones(length, dtype=np.float32))
+    assert_error(replies, code, rounds_done, _worker_peer(worker))
+    assert core.counters == {code.value: 1}
+    assert core.status().pushes == []  # nothing stored
+
+
+def test_duplicate_push_is_refused_and_keeps_the_first_values() -> None:
+    core = make_core()
+    push(core, 1, values=np.full(5, 7.0, dtype=np.float32))
+    replies = push(core, 1, values=np.full(5, -1.0, dtype=np.float32))
+    assert_error(replies, ErrorCode.DUPLICATE, 0, _worker_peer(1))
+    assert core.counters == {ErrorCode.DUPLICATE.value: 1}
+    np.testing.assert_array_equal(core.state.grads[1], np.full(5, 7.0))
+
+
+def test_refused_push_with_pull_next_is_not_parked() -> None:
+    core = make_core()
+    assert_error(push(core, 0, round_=1, pull_next=True), ErrorCode.WRONG_ROUND, 0,
+                 _worker_peer(0))
+    assert core.parked == []
+
+
+def test_push_refused_because_the_park_is_full_is_not_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server.core, "MAX_PARKED", 2)
+    core = make_core()
+    push(core, 0, pull_next=True)
+    push(core, 1, pull_next=True)
+    assert_error(push(core, 2, pull_next=True), ErrorCode.UNEXPECTED, 0, _worker_peer(2))
+    # refused, so worker 2 may push again (here without asking for the next round)
+    assert core.status().pushes == [0, 1]
+    replies = push(core, 2)
+    assert replies[0].header == Ack(round=0, worker=2)
+    assert core.state.round == 1
+
+
+# -- PULL ----------------------------------------------------------------------------
+
+
+def test_pull_of_the_current_round_is_answered_at_once() -> None:
+    core = make_core()
+    assert_params(only(pull(core, 0)), 0, SHARD, b"reader")
+
+
+def test_pull_of_a_kept_past_round_is_answered_from_history() -> None:
+    core = make_core()
+    run_rounds(core, 2)
+    assert_params(only(pull(core, 0)), 0, SHARD, b"reader")
+
+
+def test_pull_of_a_future_round_is_parked_until_that_round_exists() -> None:
+    core = make_core()
+    assert pull(core, 2, peer=b"early") == []
+    run_rounds(core, 1)  # round 1 exists: not yet the one asked for
+    assert len(core.parked) == 1
+    push(core, 0)
+    push(core, 1)
+    replies = push(core, 2)
+    assert replies[0].header == Ack(round=1, worker=2)
+    assert_params(only(replies[1:]), 2, core.state.params, b"early")
+    assert core.parked == []
+
+
+def test_pull_of_a_round_no_longer_kept_is_stale() -> None:
+    core = make_core()
+    run_rounds(core, 4)  # keeps rounds 1..4
+    assert_error(pull(core, 0, peer=b"late"), ErrorCode.STALE_ROUND, 4, b"late")
+    assert core.counters == {ErrorCode.STALE_ROUND.value: 1}
+
+
+@pytest.mark.parametrize("round_", [5, 2**40])
+def test_pull_past_the_last_round_is_wrong_round(round_: int) -> None:
+    core = make_core()
+    assert_error(pull(core, round_), ErrorCode.WRONG_ROUND, 0, b"reader")
+    assert core.parked == []
+    assert core.counters == {ErrorCode.WRONG_ROUND.value: 1}
+
+
+def test_parked_pulls_beyond_the_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server.core, "MAX_PARKED", 3)
+    core = make_core()
+    for i in range(3):
+        assert pull(core, 1, peer=b"p%d" % i) == []
+    assert_error(pull(core, 1, peer=b"p3"), ErrorCode.UNEXPECTED, 0, b"p3")
+    assert core.counters == {ErrorCode.UNEXPECTED.value: 1}
+    assert len(core.parked) == 3
+    assert_params(only(pull(core, 0, peer=b"p4")), 0, SHARD, b"p4")  # not parked: fine
+
+
+# -- STATUS --------------------------------------------------------------------------
+
+
+def test_status_reports_round_pushes_and_counters() -> None:
+    core = make_core()
+    run_rounds(core, 1)
+    push(core, 2)
+    push(core, 0)
+    push(core, 0)  # duplicate
+    reply = only(core.handle(message(Status(), peer=b"monitor"), 0.0))
+    assert reply.envelope == [b"monitor"]
+    assert reply.header == StatusReply(shard=0, round=1, rounds=4, finished=False,
+                                       pushes=[0, 2], counters={"duplicate": 1})
+
+
+def test_status_of_a_finished_run() -> None:
+    core = make_core()
+    run_rounds(core, 4)
+    status = only(core.handle(message(Status()), 0.0)).header
+    assert isinstance(status, StatusReply)
+    assert status.finished and status.round == 4 and status.pushes == []
+
+
+# -- malformed and unexpected --------------------------------------------------------
+
+
+def test_malformed_message_gets_a_malformed_error() -> None:
+    core = make_core()
+    error = assert_error(core.handle(garbage([b"peer"]), 0.0), ErrorCode.MALFORMED, 0, b"peer")
+    assert "garbage" in error.message
+    assert core.counters == {ErrorCode.MALFORMED.value: 1}
+
+
+def test_malformed_message_without_envelope_gets_no_reply_but_is_counted() -> None:
+    core = make_core()
+    assert core.handle(garbage([]), 0.0) == []
+    assert core.counters == {ErrorCode.MALFORMED.value: 1}
+
+
+@pytest.mark.parametrize(
+    ("header", "tensor"),
+    [
+        (Ack(round=0, worker=0), None),
+        (Welcome(shard=0, num_shards=2, start=0, stop=5, d=10, round=0, rounds=4), None),
+        (Error(code="duplicate", message="x", round=0), None),
+        (StatusReply(shard=0, round=0, rounds=4, finished=False, pushes=[], counters={}), None),
+        (Params(round=0, shard=0, length=5), np.zeros(5, dtype=np.float32)),
+    ],
+    ids=["ack", "welcome", "error", "status-reply", "params"],
+)
+def test_ops_a_server_does_not_accept_are_unexpected(header: Header,
+                                                      tensor: np.ndarray | None) -> None:
+    core = make_core()
+    error = assert_error(core.handle(message(header, tensor), 0.0), ErrorCode.UNEXPECTED, 0)
+    assert header.op.name in error.message
+    assert core.counters == {ErrorCode.UNEXPECTED.value: 1}
+
+
+# -- checkpoints ---------------------------------------------------------------------
+
+
+def test_checkpoints_are_saved_every_k_rounds() -> None:
+    saved: list[Checkpoint] = []
+    core = make_core(saved=saved)
+    snapshots = {}
+    for t in range(1, CFG.rounds + 1):
+        run_rounds(core, 1)
+        snapshots[t] = core.state.params.copy()
+    assert [c.round for c in saved] == [2, 4]
+    for ckpt in saved:
+        assert ckpt.shard == 0 and ckpt.config_hash == CFG.config_hash
+        np.testing.assert_array_equal(ckpt.params, snapshots[ckpt.round])
+
+
+def test_checkpoint_every_zero_saves_only_on_demand() -> None:
+    saved: list[Checkpoint] = []
+    core = make_core(saved=saved, checkpoint_every=0)
+    run_rounds(core, 4)
+    assert saved == []
+    core.checkpoint()
+    assert [c.round for c in saved] == [4]
+
+
+def test_checkpoint_on_demand_saves_the_current_round() -> None:
+    saved: list[Checkpoint] = []
+    core = make_core(saved=saved)
+    run_rounds(core, 1)
+    core.checkpoint()
+    assert len(saved) == 1
+    assert (saved[0].shard, saved[0].round, saved[0].config_hash) == (0, 1, CFG.config_hash)
+    np.testing.assert_array_equal(saved[0].params, core.state.params)
+
+
+def test_checkpoint_without_a_store_does_nothing() -> None:
+    core = make_core()
+    core.checkpoint()
+    run_rounds(core, 2)
+    assert core.counters == {}
+
+
+def test_failing_checkpoint_is_counted_and_logged_never_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def failing_save(ckpt: Checkpoint) -> None:
+        raise OSError("disk full")
+
+    core = ServerCore(CFG, ServerOptions(shard=0, checkpoint_every=2), INITIAL,
+                      save=failing_save)
+    with caplog.at_level(logging.ERROR, logger="ps.server"):
+        run_rounds(core, 2)  # the save after round 2 fails
+        core.checkpoint()  # and so does one on demand
+    assert core.counters == {CHECKPOINT_FAILED: 2}
+    assert core.state.round == 2  # the run goes on
+    failures = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failures) == 2 and all("disk full" in r.getMessage() for r in failures)
+    run_rounds(core, 2)  # retried at the next cadence
+    assert core.counters == {CHECKPOINT_FAILED: 3} and core.state.finished
+
+
+# -- done / tick / linger ------------------------------------------------------------
+
+
+def test_not_done_before_the_last_round() -> None:
+    core = make_core()
+    run_rounds(core, 3)
+    assert core.tick(1e9) == []
+    assert not core.done(1e9)
+
+
+def test_done_at_once_after_the_last_round_without_an_evaluator() -> None:
+    core = make_core()
+    hello(core, role="worker", worker=0)
+    run_rounds(core, 4, now=100.0)
+    assert core.done(100.0)
+
+
+def test_lingers_for_an_evaluator_that_has_not_read_the_final_round() -> None:
+    core = make_core()
+    hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
+    run_rounds(core, 3)
+    assert_params(only(pull(core, 3, peer=EVALUATOR)), 3, core.state.params, EVALUATOR)
+    run_rounds(core, 1, now=100.0)
+    assert core.tick(101.0) == []
+    assert not core.done(100.0)
+    assert not core.done(100.0 + LINGER_S - 0.01)
+    assert core.done(100.0 + LINGER_S)
+
+
+def test_done_at_once_when_the_evaluator_pulls_the_final_round() -> None:
+    core = make_core()
+    hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
+    run_rounds(core, 4, now=100.0)
+    assert not core.done(100.0)
+    assert_params(only(pull(core, 4, peer=EVALUATOR, now=101.0)), 4, core.state.params,
+                  EVALUATOR)
+    assert core.done(101.0)
+
+
+def test_done_at_once_when_the_evaluator_was_parked_for_the_final_round() -> None:
+    core = make_core()
+    hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
+    run_rounds(core, 3)
+    assert pull(core, 4, peer=EVALUATOR) == []
+    push(core, 0, now=100.0)
+    push(core, 1, now=100.0)
+    replies = push(core, 2, now=100.0)
+    assert_params(only(replies[1:]), 4, core.state.params, EVALUATOR)
+    assert core.done(100.0)
+
+
+def test_tick_marks_a_run_restored_at_its_last_round_finished() -> None:
+    core = make_core()
+    core.restore(Checkpoint(0, CFG.rounds, CFG.config_hash, SHARD.copy()))
+    assert not core.done(10.0)  # not yet noticed
+    assert core.tick(10.0) == []
+    assert core.done(10.0)
+
+
+# -- restore -------------------------------------------------------------------------
+
+
+def test_restore_resumes_at_the_checkpoint_round_with_its_params() -> None:
+    core = make_core()
+    params = np.full(5, 3.0, dtype=np.float32)
+    core.restore(Checkpoint(0, 2, CFG.config_hash, params))
+    welcome = only(hello(core)).header
+    assert isinstance(welcome, Welcome) and welcome.round == 2
+    assert_params(only(pull(core, 2)), 2, params, b"reader")
+    assert_error(pull(core, 1), ErrorCode.STALE_ROUND, 2, b"reader")
+    assert_error(push(core, 0, round_=1), ErrorCode.STALE_ROUND, 2, _worker_peer(0))
+    run_rounds(core, 1)
+    np.testing.assert_allclose(core.state.params,
+                               expected_after(params, [grad(w, 2) for w in range(3)]))
+    assert core.state.round == 3
+
+
+@pytest.mark.parametrize(
+    ("shard", "config_hash"),
+    [(1, CFG.config_hash), (0, replace(CFG, lr=0.1).config_hash)],
+    ids=["other-shard", "other-config"],
+)
+def test_restore_refuses_another_run_or_shard(shard: int, config_hash: str) -> None:
+    core = make_core()
+    with pytest.raises(ConfigError, match="checkpoint of shard"):
+        core.restore(Checkpoint(shard, 2, config_hash, SHARD.copy()))
+    assert core.state.round == 0
+
+
+@pytest.mark.parametrize("size", [4, 6, 10])
+def test_restore_refuses_params_of_another_size(size: int) -> None:
+    core = make_core()
+    with pytest.raises(ConfigError, match="values"):
+        core.restore(Checkpoint(0, 2, CFG.config_hash, np.zeros(size, dtype=np.float32)))
+    assert core.state.round == 0
+
+
+@pytest.mark.parametrize("round_", [-1, 5])
+def test_restore_refuses_a_round_outside_the_run(round_: int) -> None:
+    core = make_core()
+    with pytest.raises(ConfigError, match="round"):
+        core.restore(Checkpoint(0, round_, CFG.config_hash, SHARD.copy()))
+
+
+# -- metrics -------------------------------------------------------------------------
+
+
+def test_metrics_hold_one_line_per_round(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    run_rounds(core, 4)
+    core.metrics.close()
+    records = read_jsonl(tmp_path / "m.jsonl")
+    assert [r["round"] for r in records] == [0, 1, 2, 3]
+    for r in records:
+        assert r["shard"] == 0
+        assert r["aggregation_ms"] >= 0
+        assert r["nonfinite_values"] == 0
+        assert r["params_finite"] is True
+        assert r["errors"] == 0
+    assert records[-1]["bytes_in"] == core.bytes_in > 0
+
+
+def test_metrics_count_nonfinite_values_and_errors(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    push(core, 0, round_=3)  # wrong round: one error
+    nan = grad(1)
+    nan[2] = np.nan
+    push(core, 0)
+    push(core, 1, values=nan)
+    push(core, 2)
+    core.metrics.close()
+    records = read_jsonl(tmp_path / "m.jsonl")
+    assert len(records) == 1
+    record = records[0]
+    assert record["round"] == 0
+    assert record["nonfinite_values"] == 1
+    assert record["params_finite"] is False
+    assert record["errors"] == 1
+    assert np.isnan(core.state.params[2]) and np.isfinite(np.delete(core.state.params, 2)).all()

@@ -1,0 +1,162 @@
+"""Settings are declared once: the commands, the child argv, the compose environment and
+the README are derived from the declarations, and a new attack or rule needs one file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from common.attacks import ATTACKS, VectorAttack, register_attack
+from common.config import AttackConfig, RunConfig
+from common.rules import RULES, Rule, register_rule
+from common.settings import (
+    COMMAND_ROLES,
+    EVALUATOR,
+    PROXY,
+    SERVER,
+    WORKER,
+    declared,
+    from_environ,
+    setting,
+    take,
+    to_argv,
+    to_environ,
+)
+from ps.deploy.compose import deployment, service_environments
+from ps.launcher import cli as cluster_cli
+from ps.launcher.cluster import Cluster, ClusterSpec
+from ps.proxy import cli as proxy_cli
+from server import cli as server_cli
+from worker import cli as worker_cli
+
+CFG = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rounds=7, seed=3).validate()
+COMMANDS = {SERVER: server_cli, PROXY: proxy_cli, WORKER: worker_cli, EVALUATOR: worker_cli}
+
+
+@pytest.fixture
+def wobble() -> Iterator[type]:
+    """A throw-away attack, registered for one test: one file's worth of code."""
+
+    @register_attack
+    @dataclass(frozen=True)
+    class Wobble(VectorAttack):
+        name: ClassVar[str] = "wobble"
+        summary: ClassVar[str] = "the honest mean times --wobble-level"
+
+        level: float = setting(3.0, "Wobble: factor on the honest mean.", flag="--wobble-level",
+                               minimum=0.0)
+
+        def forge(self, honest, num_byzantine, rng, num_workers):
+            return np.tile(honest.mean(0) * np.float32(self.level), (num_byzantine, 1))
+
+    yield Wobble
+    del ATTACKS["wobble"]
+
+
+def test_a_new_attack_appears_in_help_argv_and_compose(wobble: type, tmp_path: Path) -> None:
+    help_text = CliRunner().invoke(cluster_cli.build_command(), ["--help"],
+                                   terminal_width=200).output
+    assert "--wobble-level" in help_text and "PS_WOBBLE_LEVEL" in help_text
+    assert "wobble" in help_text.split("\n  --worker-attack ")[1].split("\n")[0]
+
+    attack = AttackConfig.build(worker_attack="wobble", byzantine_workers=(1,),
+                                wobble_level=2.5).validate(CFG)
+    cluster = Cluster(ClusterSpec(cfg=CFG, attack=attack, out_dir=tmp_path))
+    argv = cluster.worker_argv(1, ["tcp://a:1", "tcp://b:2"])
+    assert argv[argv.index("--worker-attack") + 1] == "wobble"
+    assert argv[argv.index("--wobble-level") + 1] == "2.5"
+    assert "--wobble-level" not in cluster.worker_argv(0, ["tcp://a:1", "tcp://b:2"])
+
+    env = {"PS_DATASET": "synthetic", "PS_WORKERS": "5", "PS_SHARDS": "2",
+           "PS_WOBBLE_LEVEL": "4"}
+    options = {"proxy_shards": [], "byzantine_workers": [1], "worker_attack": "wobble"}
+    services = service_environments(deployment(env, options))
+    _, worker_env = services["worker-1"]
+    assert worker_env["PS_WORKER_ATTACK"] == "wobble" and worker_env["PS_WOBBLE_LEVEL"] == "4.0"
+    assert "PS_WORKER_ATTACK" not in services["worker-0"][1]
+
+
+def test_a_new_rule_is_a_choice_and_is_validated_without_being_built() -> None:
+    built = []
+
+    @register_rule
+    class Halfway(Rule):
+        name = "halfway"
+        summary = "half the mean"
+
+        def __init__(self, n: int, q: int) -> None:
+            built.append(self)
+            super().__init__(n, q)
+
+        def aggregate(self, G):
+            return G.mean(0) * 0.5
+
+    try:
+        help_text = CliRunner().invoke(server_cli.build_command(), ["--help"],
+                                       terminal_width=200).output
+        assert "halfway" in help_text.split("\n  --rule ")[1].split("\n")[0]
+        assert RunConfig(rule="halfway", num_workers=4).validate().q == 0
+        assert built == []  # validation checks preconditions; it builds nothing
+    finally:
+        del RULES["halfway"]
+
+
+@pytest.mark.parametrize("role", [SERVER, PROXY, WORKER, EVALUATOR])
+def test_child_argv_parses_back_to_the_same_settings(role: str, tmp_path: Path) -> None:
+    """What ps-cluster hands a child is read by that child's command as the same values."""
+    attack = AttackConfig.build(proxy_attack="bitflip", bitflip_bits=(1, 30), bitflip_coords=9,
+                                worker_attack="alie", byzantine_workers=(0, 2),
+                                alie_z=0.25).validate(CFG)
+    cluster = Cluster(ClusterSpec(cfg=CFG, attack=attack, out_dir=tmp_path))
+    ready = tmp_path / "ready"
+    argv = {SERVER: lambda: cluster.server_argv(1, ready),
+            PROXY: lambda: cluster.proxy_argv("tcp://s:1", ready),
+            WORKER: lambda: cluster.worker_argv(2, ["tcp://a:1", "tcp://b:2"]),
+            EVALUATOR: lambda: cluster.evaluator_argv(["tcp://a:1", "tcp://b:2"])}[role]()
+    command = COMMANDS[role].build_command()
+    values = command.make_context(command.name, list(argv)).params
+    roles = COMMAND_ROLES[command.name]
+    assert take(RunConfig, values, roles) == CFG
+    if role == WORKER:
+        parsed = AttackConfig.build(values, roles)
+        assert parsed.worker_attack == "alie" and parsed.byzantine_workers == (0, 2)
+        assert parsed.attack("alie") == attack.attack("alie")
+    if role == PROXY:
+        parsed = AttackConfig.build(values, roles)
+        assert parsed.proxy_attack == "bitflip"
+        assert parsed.attack("bitflip") == attack.attack("bitflip")
+
+
+def test_environment_round_trip_for_every_setting_class() -> None:
+    attack = AttackConfig.build(gambler_p=0.125, proxy_victims=(1, 3), corrupt_params=True)
+    for instance in (CFG, attack, attack.attack("gambler")):
+        cls = type(instance)
+        back = from_environ(cls, to_environ(instance, "cluster"), {"cluster"})
+        for d in declared(cls):
+            assert getattr(back, d.name) == getattr(instance, d.name), d.flag
+
+
+def test_every_flag_and_variable_is_unique_per_command() -> None:
+    for module in (server_cli, proxy_cli, worker_cli, cluster_cli):
+        command = module.build_command()  # raises on a setting declared twice
+        flags = [o for p in command.params for o in p.opts]
+        envs = [p.envvar for p in command.params if p.envvar]
+        assert len(flags) == len(set(flags)) and len(envs) == len(set(envs)), command.name
+
+
+def test_argv_leaves_out_unset_values_and_false_switches() -> None:
+    assert to_argv(AttackConfig(), WORKER) == ["--worker-attack", "none"]
+    assert to_environ(AttackConfig(corrupt_params=True), PROXY) == {
+        "PS_PROXY_ATTACK": "none", "PS_CORRUPT_PARAMS": "1"}
+
+
+def test_readme_tables_are_generated_from_the_declarations() -> None:
+    from scripts.gen_docs import main as gen_docs
+
+    assert gen_docs(["--check"]) == 0, "README.md is stale: run python3 scripts/gen_docs.py"
