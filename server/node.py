@@ -35,8 +35,9 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
     shard = options.shard
     metrics = JsonlWriter(out_dir / f"server-{shard}.jsonl" if out_dir else None)
     path = checkpoint_path(out_dir, shard) if out_dir else None
+    sync = options.checkpoint_sync
     core = ServerCore(cfg, options, initial, metrics,
-                      save=(lambda ckpt: save_checkpoint(path, ckpt)) if path else None)
+                      save=(lambda ckpt: save_checkpoint(path, ckpt, sync)) if path else None)
     if options.resume:
         if path is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")

@@ -125,8 +125,6 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     attack = replace(scenario, params=params, proxy_shards=tuple(options["proxy_shards"]),
                      byzantine_workers=byzantine,
                      worker_attack=options["worker_attack"] if byzantine else NO_ATTACK)
-    if attack.proxy_attack == NO_ATTACK and attack.proxy_shards:
-        attack = replace(attack, proxy_shards=())  # plain relays are no attack: none started
     return Deployment(cfg, attack.validate(cfg), env)
 
 
@@ -169,11 +167,11 @@ def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]
         out[f"proxy-{k}"] = ("ps-proxy", _environment(
             PROXY, dep.settings(ProxyOptions, PROXY, bind=f"tcp://0.0.0.0:{PORT}",
                                 server=endpoint(servers[k])),
-            attack, attack.attack(attack.proxy_attack),
+            attack, *attack.active(attack.proxy_attack),
             dep.settings(ProcessOptions, PROXY, out_dir=OUT_DIR, ready_file=READY_FILE)))
     worker_servers = ",".join(endpoint(h) for h in fronts)
     for i in range(n):
-        lies = (attack, attack.attack(attack.worker_attack)) if attack.is_byzantine(i) else ()
+        lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(i) else ()
         out[f"worker-{i}"] = ("ps-worker", _environment(
             WORKER, dep.settings(ClientOptions, WORKER, servers=worker_servers, worker_id=i),
             *lies, dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR)))

@@ -152,13 +152,13 @@ class Cluster:
     def proxy_argv(self, server: str, ready_file: Path) -> list[str]:
         attack = self.spec.attack
         options = ProxyOptions(bind=f"tcp://{self.spec.cluster.host}:*", server=server)
-        return child_argv(PROXY, options, attack, attack.attack(attack.proxy_attack),
+        return child_argv(PROXY, options, attack, *attack.active(attack.proxy_attack),
                           self.spec.cfg, self._process(ready_file))
 
     def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
         attack = self.spec.attack
         client = replace(self.spec.client, servers=",".join(endpoints), worker_id=worker)
-        lies = (attack, attack.attack(attack.worker_attack)) if attack.is_byzantine(worker) else ()
+        lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(worker) else ()
         return child_argv(WORKER, client, *lies, self.spec.cfg, self._process())
 
     def evaluator_argv(self, servers: list[str]) -> list[str]:

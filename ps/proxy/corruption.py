@@ -27,7 +27,8 @@ class ShardCorruptor:
     def __init__(self, cfg: RunConfig, attack: AttackConfig, shard: int, start: int, stop: int):
         self.cfg = cfg
         self.attack = attack
-        self.impl = attack.attack(attack.proxy_attack)
+        # None for a plain relay (proxy attack "none")
+        self.impl = attack.params.get(attack.proxy_attack)
         self.victims = attack.proxy_victims
         self.shard = shard
         self.start, self.stop = start, stop
@@ -42,7 +43,7 @@ class ShardCorruptor:
         impl = self.impl
         if isinstance(impl, ValueAttack):
             return impl.corrupt(values, self._site(round_, worker, "push"))
-        if worker in self.victims:
+        if impl is not None and worker in self.victims:
             empty = np.empty((1, values.size), dtype=np.float32)
             forged = impl.forge_at(empty, 1, self.cfg.num_workers, self.cfg.seed,
                                    f"proxy-{impl.name}", round_, worker, self.shard)

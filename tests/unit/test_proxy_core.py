@@ -227,7 +227,7 @@ def test_gaussian_replaces_only_the_victims_push_at_once() -> None:
     for worker in range(N):
         (out,) = core.from_worker(push(worker))
         envelope, header, values = sent(out)
-        assert out.to_server and envelope == env(worker)
+        assert out.to_server and envelope == env(worker) and header.worker == worker
         assert header == Push(round=0, worker=worker, length=LENGTH)
         if worker == 3:
             assert np.isfinite(values).all()
@@ -382,3 +382,14 @@ def test_params_for_a_pull_with_an_out_of_range_worker_do_not_crash() -> None:
     core.from_worker(incoming(env(1), Pull(round=1, worker=N)))
     out = core.from_server(params_reply(env(1), 1))
     assert len(out) == 1 and not out[0].to_server
+
+
+def test_a_proxy_without_attack_relays_every_push_unchanged() -> None:
+    core = make_core(attack(proxy_attack="none", corrupt_params=False))
+    for worker in range(N):
+        [out] = core.from_worker(push(worker, pull_next=True))
+        envelope, header, values = sent(out)
+        assert out.to_server and envelope == env(worker) and header.worker == worker
+        np.testing.assert_array_equal(values, grad(worker))
+    [reply] = core.from_server(params_reply(env(1), 1))
+    np.testing.assert_array_equal(sent(reply)[2], params_values(1))
