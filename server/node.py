@@ -17,7 +17,7 @@ import zmq
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.metrics import JsonlWriter
-from common.process import ProcessOptions, check_stop
+from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.transport import bind_router, receive, send, write_ready_file
 from server.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from server.core import ServerCore
@@ -59,6 +59,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
                  "%d rounds)", options.shard, cfg.num_shards, core.start, core.stop, core.d,
                  endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds)
         write_ready_file(process.ready_file, endpoint)
+        freeze_startup_objects()
         while not core.done(time.monotonic()):
             check_stop()
             if sock.poll(POLL_MS, zmq.POLLIN):

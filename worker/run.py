@@ -10,7 +10,7 @@ from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
 from common.metrics import JsonlWriter
-from common.process import check_stop
+from common.process import check_stop, freeze_startup_objects
 from worker.byzantine import byzantine_gradient
 from worker.client import ClusterClient, RetryPolicy
 from worker.options import ClientOptions
@@ -47,6 +47,7 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             len(endpoints), client.d, start,
         )
         x = client.pull(start)
+        freeze_startup_objects()
         for t in range(start, cfg.rounds):
             check_stop()
             began = time.perf_counter()

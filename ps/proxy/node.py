@@ -15,7 +15,7 @@ import zmq
 from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, ConfigError
 from common.metrics import JsonlWriter
-from common.process import ProcessOptions, check_stop
+from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.protocol import Hello, Welcome, encode
 from common.transport import (
     bind_router,
@@ -69,6 +69,7 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
                  welcome.start, welcome.stop, endpoint, options.server, attack.proxy_attack)
         write_ready_file(process.ready_file, endpoint)
+        freeze_startup_objects()
         poller = zmq.Poller()
         poller.register(front, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
