@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -112,6 +113,24 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def raise_file_limit() -> None:
+    """Raise the soft limit of open file descriptors to the hard limit.
+
+    Every connection costs a node a descriptor; at the default soft limit (often 1024)
+    idle connections alone can starve the node of the descriptors a checkpoint needs.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+
+
 def pin_torch_threads(threads: int) -> None:
     """Use ``threads`` torch threads in this process (imports torch)."""
     import torch
@@ -126,6 +145,7 @@ def run_process(name: str, options: ProcessOptions, main: Callable[[], None],
     _stop.clear()
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_OK
+    raise_file_limit()
     try:
         if uses_torch:
             keep_freed_memory()

@@ -43,10 +43,6 @@ MAX_FRAME_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES)
 Buffer = bytes | bytearray | memoryview
 
 
-class ProtocolError(Exception):
-    """A message that does not follow the protocol."""
-
-
 class Op(enum.IntEnum):
     """Operation codes carried in every header."""
 
@@ -73,6 +69,27 @@ class ErrorCode(str, enum.Enum):
     WRONG_LENGTH = "wrong-length"
     FINISHED = "finished"
     UNEXPECTED = "unexpected"
+    HELLO_FIRST = "hello-first"  # no session: say HELLO, then repeat the request
+    FORBIDDEN = "forbidden"  # the authenticated key may not send this
+    BUSY = "busy"  # a bounded table of this peer (or of all peers) is full
+    TOO_LARGE = "too-large"  # larger than any legal message for this node
+    INTERNAL = "internal"  # handling the message raised; the node goes on
+
+
+class ProtocolError(Exception):
+    """A message that does not follow the protocol (answered with ``code``)."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.MALFORMED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Refused(Exception):
+    """A request that must be answered with an ERROR of ``code`` (and counted)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,36 @@
 """Atomic checkpoints of one shard: its parameters and the round they belong to.
 
 A checkpoint is one ``.npz`` file (numpy arrays only, loaded with
-``allow_pickle=False``) written to a temporary name and renamed over the old one: a
-process that dies at any moment leaves either the previous or the new checkpoint,
-never a torn file. That survives the process, not the machine: with ``sync`` the file
-is fsynced before the rename and the directory after it, so a power cut leaves the
-previous or the new checkpoint too. The server saves before it answers the round's
-pushes, so syncing lengthens every round (measured under the quick-start load: median
-4-5 ms, p90 10 ms per save, about a tenth of a round); it is therefore an option
-(``--checkpoint-sync``). A failed write removes its temporary file. A checkpoint
-records the configuration hash: resuming under other settings is refused.
+``allow_pickle=False``) written to a temporary name, fsynced, renamed over the old one,
+and the directory fsynced: a process or a machine that dies at any moment leaves
+either the previous or the new checkpoint, never a torn file. A failed write (a full
+disk, no file descriptor left) removes its temporary file. A checkpoint records the
+configuration hash: resuming under other settings is refused.
+
+Syncing costs milliseconds (measured under the quick-start load: median 4-5 ms, p90
+10 ms per save, about a tenth of a round), so a server hands its checkpoints to a
+:class:`CheckpointWriter` thread and never waits for one: the writer saves the newest
+checkpoint handed to it (skipping any it had no time for), and at exit the last one is
+written before the process ends. A resumed server may therefore be a round or two
+behind its workers, which replay what it lacks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from common.errors import ConfigError
+
+log = logging.getLogger("ps.checkpoint")
 
 
 @dataclass(frozen=True)
@@ -39,28 +47,77 @@ def checkpoint_path(out_dir: Path, shard: int) -> Path:
     return out_dir / f"shard-{shard}.npz"
 
 
-def save_checkpoint(path: Path, ckpt: Checkpoint, sync: bool = False) -> None:
-    """Write ``ckpt`` to ``path`` atomically (durably with ``sync``); ``OSError`` if it
-    cannot, leaving no temporary file behind."""
+def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` to ``path`` atomically and durably; ``OSError`` if it cannot,
+    leaving no temporary file behind."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
             np.savez(f, shard=np.int64(ckpt.shard), round=np.int64(ckpt.round),
                      config_hash=np.array(ckpt.config_hash), params=ckpt.params)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    if sync:
-        directory = os.open(path.parent, os.O_RDONLY)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class CheckpointWriter:
+    """Saves checkpoints to ``path`` in a background thread, newest first.
+
+    ``submit`` never blocks and never raises; a failed save is logged, reported to
+    ``on_failure`` and retried with the next checkpoint. ``close`` finishes the thread
+    and writes the checkpoint it is given, in the caller's thread.
+    """
+
+    def __init__(self, path: Path, on_failure: Callable[[], None]) -> None:
+        self.path = path
+        self.on_failure = on_failure
+        self._pending: Checkpoint | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def submit(self, ckpt: Checkpoint) -> None:
+        """Save ``ckpt`` soon (replacing one still waiting); its params must not change."""
+        with self._wake:
+            self._pending = ckpt
+            self._wake.notify()
+
+    def close(self, final: Checkpoint) -> None:
+        """Stop the thread, then save ``final`` now."""
+        with self._wake:
+            self._closed = True
+            self._pending = None
+            self._wake.notify()
+        self._thread.join()
+        self._save(final)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                ckpt, self._pending = self._pending, None
+            self._save(ckpt)
+
+    def _save(self, ckpt: Checkpoint) -> None:
         try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+            save_checkpoint(self.path, ckpt)
+        except OSError as exc:
+            self.on_failure()
+            log.error("checkpoint of round %d to %s failed (%s); retrying at the next one",
+                      ckpt.round, self.path, exc)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

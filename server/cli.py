@@ -9,12 +9,13 @@ import click
 from common.cli import settings_command
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import COMMAND_ROLES, take
 from server.options import ServerOptions
 
 COMMAND = "ps-server"
-SETTINGS = (ServerOptions, RunConfig, ProcessOptions)
+SETTINGS = (ServerOptions, RunConfig, SecurityOptions, ProcessOptions)
 
 
 def build_command() -> click.Command:
@@ -31,16 +32,18 @@ def build_command() -> click.Command:
         roles = COMMAND_ROLES[COMMAND]
         options = take(ServerOptions, values, roles)
         process = take(ProcessOptions, values, roles)
+        security = take(SecurityOptions, values, roles)
 
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
+            keys = security.ring(COMMAND)
             if not options.shard < cfg.num_shards:
                 raise ConfigError(
                     f"--shard must be in 0..{cfg.num_shards - 1}, got {options.shard}")
             from common.model_init import initial_parameters
             from server.node import serve
 
-            serve(cfg, options, process, initial_parameters(cfg))
+            serve(cfg, options, process, initial_parameters(cfg), keys)
 
         run_process(f"server[{options.shard}]", process, start, uses_torch=True)
 

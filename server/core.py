@@ -6,10 +6,15 @@ names; ``done(now)`` says when the node may exit. The core owns everything a nod
 decides:
 
 * the shard's state and round step (``ShardState``);
-* the HELLO check of the run settings;
-* PULLs and ``pull_next`` pushes parked until their round exists, and their limit;
+* the HELLO check of the run settings, and the sessions it opens: who may push as which
+  worker (``server/sessions.py``), checked against the CURVE key of each message;
+* PULLs and ``pull_next`` pushes parked until their round exists: at most one per peer
+  and round, ``MAX_PARKED_PER_PEER`` per peer, ``MAX_PARKED`` in all;
+* repeated pushes (a worker restarted between its shard pushes, or a lost reply),
+  answered as the first one was;
 * the readers that have not yet read the final round (the node lingers for them);
-* the error counters, by code, sent in STATUS replies and the metrics;
+* the error counters, by code, sent in STATUS replies and the metrics; whatever a
+  message makes the core raise is answered ``internal``, counted and logged, never fatal;
 * the checkpoint cadence (a failed write is logged, counted and retried next time).
 
 ``now`` is an argument, so everything time-driven is tested with a fake clock; the
@@ -40,6 +45,7 @@ from common.protocol import (
     Params,
     Pull,
     Push,
+    Refused,
     Status,
     StatusReply,
     Welcome,
@@ -47,18 +53,21 @@ from common.protocol import (
 from common.sharding import shard_ranges
 from server.checkpoint import Checkpoint
 from server.options import ServerOptions
-from server.shard import Refused, ShardState
+from server.sessions import Session, Sessions, check_claim
+from server.shard import RoundMetrics, ShardState
 
 if TYPE_CHECKING:
     from common.transport import Incoming, Peer
 
 log = logging.getLogger("ps.server")
 
-# PULLs parked for future rounds; more than this is refused (a peer cannot grow memory).
+# PULLs parked for future rounds: per peer, and in all (a peer cannot grow memory).
+MAX_PARKED_PER_PEER = 2
 MAX_PARKED = 4096
 ROLES = ("worker", "evaluator", "proxy", "monitor")
 LOG_EVERY_ROUNDS = 50
 CHECKPOINT_FAILED = "checkpoint-failed"
+REPEATED_PUSH = "repeated-push"
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 
 
@@ -69,12 +78,6 @@ class Reply:
     envelope: list[Any]
     header: Header
     tensor: np.ndarray | None = None
-
-
-@dataclass
-class _Parked:
-    envelope: list[Any]
-    round: int
 
 
 class ServerCore:
@@ -96,7 +99,10 @@ class ServerCore:
         self.metrics = metrics or JsonlWriter(None)
         self.save = save
         self.counters: Counter[str] = Counter()
-        self.parked: list[_Parked] = []
+        self.sessions = Sessions()
+        # (peer, round) -> the envelope to answer with PARAMS(round)
+        self.parked: dict[tuple[Peer, int], list[Any]] = {}
+        self.parked_per_peer: Counter[Peer] = Counter()
         self.readers_waiting: set[Peer] = set()
         self.bytes_in = 0
         self.finished_at: float | None = None
@@ -124,13 +130,17 @@ class ServerCore:
         """Save the shard now (if a store was given); a failure is logged and counted."""
         if self.save is None:
             return
-        state = self.state
         try:
-            self.save(Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params))
+            self.save(self.snapshot())
         except OSError as exc:
             self.counters[CHECKPOINT_FAILED] += 1
             log.error("checkpoint of round %d failed (%s); retrying at the next one",
-                      state.round, exc)
+                      self.state.round, exc)
+
+    def snapshot(self) -> Checkpoint:
+        """The shard's state now, as a checkpoint."""
+        state = self.state
+        return Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params)
 
     def tick(self, now: float) -> list[Reply]:
         """Time-driven work; marks the run finished once its last round is done."""
@@ -141,23 +151,27 @@ class ServerCore:
     # -- messages ----------------------------------------------------------------
 
     def handle(self, incoming: Incoming, now: float) -> list[Reply]:
-        """The replies to one received message."""
+        """The replies to one received message (never raises for what a peer sent)."""
         self.bytes_in += incoming.size
         envelope = incoming.envelope
         if incoming.message is None:
-            self.counters[ErrorCode.MALFORMED.value] += 1
-            log.warning("malformed message: %s", incoming.error)
+            code = incoming.error.code if incoming.error else ErrorCode.MALFORMED
+            self.counters[code.value] += 1
+            log.warning("refused a message: %s", incoming.error)
             if not envelope:
                 return []
-            return [self._error(envelope, ErrorCode.MALFORMED, str(incoming.error))]
+            return [self._error(envelope, code, str(incoming.error))]
         header = incoming.message.header
         try:
+            check_claim(incoming.identity, header)
             if isinstance(header, Hello):
-                return self._on_hello(envelope, incoming.peer, header)
+                return self._on_hello(envelope, incoming.peer, header, incoming)
             if isinstance(header, Pull):
-                return self._on_pull(envelope, header)
+                self.sessions.require(incoming.peer)
+                return self._on_pull(envelope, incoming.peer, header)
             if isinstance(header, Push):
-                return self._on_push(envelope, incoming.message, now)
+                session = self.sessions.require(incoming.peer)
+                return self._on_push(envelope, incoming.peer, session, incoming.message, now)
             if isinstance(header, Status):
                 return [Reply(envelope, self.status())]
             raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
@@ -165,8 +179,13 @@ class ServerCore:
             self.counters[exc.code.value] += 1
             log.debug("refused %s: %s", type(header).__name__, exc)
             return [self._error(envelope, exc.code, str(exc))]
+        except Exception as exc:  # a bug must not end the node: answer, count, log
+            self.counters[ErrorCode.INTERNAL.value] += 1
+            log.exception("internal error handling %s", type(header).__name__)
+            return [self._error(envelope, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")]
 
-    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello) -> list[Reply]:
+    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello,
+                  incoming: Incoming) -> list[Reply]:
         if hello.role not in ROLES:
             raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
         if hello.config_hash != self.cfg.config_hash:
@@ -187,6 +206,9 @@ class ServerCore:
                 ErrorCode.UNKNOWN_WORKER,
                 f"worker {hello.worker} is not in 0..{self.cfg.num_workers - 1}",
             )
+        for gone in self.sessions.open(peer, Session(hello.role, hello.worker,
+                                                      incoming.identity)):
+            self._forget(gone)
         if hello.role == "evaluator":
             self.readers_waiting.add(peer)
         log.info("hello from %s %d", hello.role, hello.worker)
@@ -195,37 +217,91 @@ class ServerCore:
                           rounds=self.cfg.rounds)
         return [Reply(envelope, welcome)]
 
-    def _on_pull(self, envelope: list[Any], pull: Pull) -> list[Reply]:
+    def _on_pull(self, envelope: list[Any], peer: Peer, pull: Pull) -> list[Reply]:
         params = self.state.params_at(pull.round)
         if params is None:
-            self._park(envelope, pull.round)
+            self._park(envelope, peer, pull.round)
             return []
         return [self._params(envelope, pull.round, params)]
 
-    def _on_push(self, envelope: list[Any], message: Message, now: float) -> list[Reply]:
+    def _on_push(self, envelope: list[Any], peer: Peer, session: Session, message: Message,
+                 now: float) -> list[Reply]:
         push: Push = message.header  # type: ignore[assignment]
-        if push.pull_next:
-            self._check_parking_space()  # before storing: a refused push leaves nothing
+        if session.role != "worker" or session.worker != push.worker:
+            raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
+                          f"{session.worker}, not as worker {push.worker}")
+        if self.state.counted(push.round, push.worker):
+            replies = self._answer_repeat(envelope, peer, push)
+            if self.state.complete:  # an aggregation that raised before: try again
+                replies += self._finish_round(now)
+            return replies
+        if push.pull_next and (peer, push.round + 1) not in self.parked:
+            self._check_parking_space(peer)  # before storing: a refused push leaves nothing
         self.state.push(push.round, push.worker, message)
         replies = []
         if push.pull_next:
-            self._park(envelope, push.round + 1)  # answered by PARAMS(round + 1)
+            self._park(envelope, peer, push.round + 1)  # answered by PARAMS(round + 1)
         else:
             replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
         if self.state.complete:
             replies += self._finish_round(now)
         return replies
 
-    def _check_parking_space(self) -> None:
-        if len(self.parked) >= MAX_PARKED:
-            raise Refused(ErrorCode.UNEXPECTED, f"too many parked PULLs ({MAX_PARKED})")
+    def _answer_repeat(self, envelope: list[Any], peer: Peer, push: Push) -> list[Reply]:
+        """Answer a push already counted as the first one was (its values are ignored)."""
+        self.counters[REPEATED_PUSH] += 1
+        if not push.pull_next:
+            return [Reply(envelope, Ack(round=push.round, worker=push.worker))]
+        return self._on_pull(envelope, peer, Pull(round=push.round + 1, worker=push.worker))
 
-    def _park(self, envelope: list[Any], round_: int) -> None:
-        self._check_parking_space()
-        self.parked.append(_Parked(envelope, round_))
+    def _check_parking_space(self, peer: Peer) -> None:
+        if self.parked_per_peer[peer] >= MAX_PARKED_PER_PEER:
+            raise Refused(ErrorCode.BUSY, f"this peer already waits for "
+                          f"{MAX_PARKED_PER_PEER} rounds")
+        if len(self.parked) >= MAX_PARKED:
+            raise Refused(ErrorCode.BUSY, f"too many parked PULLs ({MAX_PARKED})")
+
+    def _park(self, envelope: list[Any], peer: Peer, round_: int) -> None:
+        """Answer ``peer`` with PARAMS(round_) once it exists (again: once)."""
+        key = (peer, round_)
+        if key not in self.parked:
+            self._check_parking_space(peer)
+            self.parked_per_peer[peer] += 1
+        self.parked[key] = envelope
+
+    def _forget(self, peer: Peer) -> None:
+        """Drop what an evicted session left: its parked PULLs, its reader mark."""
+        for key in [k for k in self.parked if k[0] == peer]:
+            del self.parked[key]
+        self.parked_per_peer.pop(peer, None)
+        self.readers_waiting.discard(peer)
 
     def _finish_round(self, now: float) -> list[Reply]:
+        """Aggregate the complete round and answer the PULLs parked for the next one.
+
+        If the rule raises, the round stays complete and is aggregated again with the
+        next message; what follows a successful step (metrics, checkpoint) cannot
+        strand the parked PULLs: it is logged and counted if it fails.
+        """
         m = self.state.step()
+        if self.state.finished:
+            self.finished_at = now
+        replies = []
+        for key in [k for k in self.parked if k[1] == self.state.round]:
+            envelope = self.parked.pop(key)
+            self.parked_per_peer[key[0]] -= 1
+            if not self.parked_per_peer[key[0]]:
+                del self.parked_per_peer[key[0]]
+            replies.append(self._params(envelope, self.state.round, self.state.params))
+        try:
+            self._record(m)
+        except Exception:
+            self.counters[ErrorCode.INTERNAL.value] += 1
+            log.exception("recording round %d failed", m.round)
+        return replies
+
+    def _record(self, m: RoundMetrics) -> None:
+        """The round's metrics line, checkpoint and log line."""
         self.metrics.write({
             "time": time.time(),
             "shard": self.state.shard,
@@ -242,15 +318,6 @@ class ServerCore:
             self.checkpoint()
         if m.round % LOG_EVERY_ROUNDS == 0 or self.state.finished:
             log.info("round %d aggregated in %.2f ms", m.round, m.aggregation_ms)
-        if self.state.finished:
-            self.finished_at = now
-        replies, waiting, self.parked = [], self.parked, []
-        for p in waiting:
-            if p.round == self.state.round:
-                replies.append(self._params(p.envelope, p.round, self.state.params))
-            else:
-                self.parked.append(p)
-        return replies
 
     # -- replies -----------------------------------------------------------------
 

@@ -16,11 +16,12 @@ import zmq
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.transport import bind_router, receive, send, write_ready_file
-from server.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-from server.core import ServerCore
+from common.transport import bind_router, largest_message, receive, send, write_ready_file
+from server.checkpoint import CheckpointWriter, checkpoint_path, load_checkpoint
+from server.core import CHECKPOINT_FAILED, ServerCore
 from server.options import ServerOptions
 
 log = logging.getLogger("ps.server")
@@ -29,15 +30,15 @@ POLL_MS = 200
 
 
 def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
-               initial: np.ndarray) -> ServerCore:
-    """The core with its metrics file and checkpoint store in ``out_dir``, resumed from
+               initial: np.ndarray) -> tuple[ServerCore, CheckpointWriter | None]:
+    """The core with its metrics file and checkpoint writer in ``out_dir``, resumed from
     the checkpoint there if ``options.resume`` and one exists."""
     shard = options.shard
     metrics = JsonlWriter(out_dir / f"server-{shard}.jsonl" if out_dir else None)
     path = checkpoint_path(out_dir, shard) if out_dir else None
-    sync = options.checkpoint_sync
-    core = ServerCore(cfg, options, initial, metrics,
-                      save=(lambda ckpt: save_checkpoint(path, ckpt, sync)) if path else None)
+    writer = (CheckpointWriter(path, on_failure=lambda: core.counters.update([CHECKPOINT_FAILED]))
+              if path else None)
+    core = ServerCore(cfg, options, initial, metrics, save=writer.submit if writer else None)
     if options.resume:
         if path is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
@@ -46,18 +47,22 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
             log.info("resumed from %s at round %d", path, core.state.round)
         else:
             log.info("no checkpoint at %s; starting from round 0", path)
-    return core
+    return core, writer
 
 
 def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
-          initial: np.ndarray) -> None:
-    """Serve until the last round is done (plus linger) or a stop is requested."""
-    core = build_core(cfg, options, process.out_dir, initial)
-    sock, endpoint = bind_router(zmq.Context.instance(), options.bind)
+          initial: np.ndarray, keys: KeyRing | None) -> None:
+    """Serve until the last round is done (plus linger) or a stop is requested; with
+    ``keys`` as a CURVE server that admits only the run's client keys."""
+    core, writer = build_core(cfg, options, process.out_dir, initial)
+    curve = keys.server_curve(options.shard) if keys else None
+    sock, endpoint = bind_router(zmq.Context.instance(), options.bind, curve)
+    max_bytes = largest_message(core.stop - core.start)
     try:
         log.info("shard %d/%d [%d, %d) of d=%d listening on %s (rule %s, n=%d, q=%d, "
-                 "%d rounds)", options.shard, cfg.num_shards, core.start, core.stop, core.d,
-                 endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds)
+                 "%d rounds, %s)", options.shard, cfg.num_shards, core.start, core.stop, core.d,
+                 endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds,
+                 "CURVE keys" if curve else "INSECURE: no keys")
         write_ready_file(process.ready_file, endpoint)
         freeze_startup_objects()
         while not core.done(time.monotonic()):
@@ -65,12 +70,14 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
             if sock.poll(POLL_MS, zmq.POLLIN):
                 # drain what is queued before checking the clock again
                 while sock.poll(0, zmq.POLLIN):
-                    for reply in core.handle(receive(sock), time.monotonic()):
+                    incoming = receive(sock, max_bytes, authenticated=curve is not None)
+                    for reply in core.handle(incoming, time.monotonic()):
                         send(sock, reply.envelope, reply.header, reply.tensor)
             for reply in core.tick(time.monotonic()):
                 send(sock, reply.envelope, reply.header, reply.tensor)
         log.info("run finished after %d rounds; exiting", cfg.rounds)
     finally:
-        core.checkpoint()
+        if writer is not None:
+            writer.close(core.snapshot())
         core.metrics.close()
         sock.close(linger=1000)

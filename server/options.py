@@ -22,8 +22,5 @@ class ServerOptions:
                                     "atomically) every K rounds; 0: only at exit. It is always "
                                     "saved at exit and on SIGTERM.", roles=(SERVER, CLUSTER),
                                     minimum=0)
-    checkpoint_sync: bool = setting(False, "Fsync each checkpoint (file and directory) so it "
-                                    "survives a power cut, not only a crash; costs a few ms "
-                                    "per round.", roles=(SERVER, CLUSTER))
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))

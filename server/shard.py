@@ -17,20 +17,12 @@ import torch
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.protocol import ErrorCode, Message
+from common.protocol import ErrorCode, Message, Refused
 from common.rules import make_rule
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
 # consistent snapshot of round t from every shard.
 HISTORY_ROUNDS = 4
-
-
-class Refused(Exception):
-    """A request that must be answered with an ERROR (and counted)."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -97,6 +89,15 @@ class ShardState:
                 ErrorCode.WRONG_ROUND, f"round {round_} is past the last round {self.cfg.rounds}"
             )
         return None
+
+    def counted(self, round_: int, worker: int) -> bool:
+        """Worker ``worker``'s push of ``round_`` is already in (this round, or a past
+        round whose result is still kept: a past round had all n pushes)."""
+        if not 0 <= worker < self.cfg.num_workers:
+            return False
+        if round_ == self.round:
+            return bool(self.received[worker])
+        return 0 <= round_ < self.round and round_ + 1 in self.history
 
     def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
         """Validate one push and store its values (an array, or a received PUSH message).

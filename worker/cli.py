@@ -11,6 +11,7 @@ from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
+from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import COMMAND_ROLES, take
 from worker.options import ClientOptions, EvalOptions
@@ -21,7 +22,7 @@ COMMAND = "ps-worker"
 def build_command() -> click.Command:
     """The ``ps-worker`` command, its options derived from the settings declarations."""
     settings = (ClientOptions, EvalOptions, AttackConfig, *ATTACKS.values(), RunConfig,
-                ProcessOptions)
+                SecurityOptions, ProcessOptions)
 
     @settings_command(COMMAND, settings)
     def main(**values: Any) -> None:
@@ -36,10 +37,12 @@ def build_command() -> click.Command:
 
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
+            keys = take(SecurityOptions, values, roles).ring(COMMAND)
             if options.evaluate:
                 from worker.evaluator import run_evaluator
 
-                run_evaluator(cfg, options, take(EvalOptions, values, roles), process.out_dir)
+                run_evaluator(cfg, options, take(EvalOptions, values, roles), process.out_dir,
+                              keys)
                 return
             if options.worker_id is None:
                 raise ConfigError("--worker-id (PS_WORKER_ID) is required for a worker")
@@ -52,7 +55,7 @@ def build_command() -> click.Command:
                                   "not in --byzantine-workers")
             from worker.run import run_worker
 
-            run_worker(cfg, attack, options, process.out_dir)
+            run_worker(cfg, attack, options, process.out_dir, keys)
 
         run_process(name, process, start, uses_torch=True)
 

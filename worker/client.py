@@ -4,15 +4,28 @@ Requests to the S servers go out together and their replies are gathered with
 one poller. Every request has a timeout; on timeout the socket is closed with
 LINGER=0, reopened and the request resent (the ZeroMQ guide's Lazy Pirate
 pattern), up to ``retries`` times, after which ``ClusterTimeout`` is raised.
-Resent pushes are idempotent: the server answers DUPLICATE (or STALE once the
-round moved on, which in synchronous SGD implies the push was counted), and
-both count as accepted.
+A reopened socket is a new peer to the server, so it says HELLO again first (as it
+does when a server answers ``hello-first``: its session was evicted, or a proxy in
+between restarted). Resent pushes are idempotent: the server answers a push it already
+counted as it did the first time (older servers: DUPLICATE, or STALE once the round
+moved on; both count as accepted).
+
+A server that restarted from a checkpoint behind the workers answers a push
+``wrong-round`` with its own round r: the client replays, to that server only, the
+pushes of rounds r.. it keeps (``replay_rounds`` of them), each waiting for its round
+to complete, then resends the current one. Gradients are deterministic, so the run
+stays bit-identical to the reference engine.
+
+With keys each link is a CURVE client that checks the server's key; a failed handshake
+(an impostor, a wrong address, a key the server does not admit) is seen on the socket's
+monitor and ends the client with ``PeerError`` naming the endpoint, instead of a hang.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +34,7 @@ import zmq
 
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
+from common.keys import CurveClient, KeyRing
 from common.process import check_stop
 from common.protocol import (
     Ack,
@@ -42,6 +56,10 @@ log = logging.getLogger("ps.client")
 
 # Replies are awaited in slices of at most this long, so a stop request is seen.
 WAIT_SLICE_MS = 250
+# Times one request may be answered hello-first or wrong-round and resent.
+MAX_RESENDS = 3
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 @dataclass(frozen=True)
@@ -53,34 +71,89 @@ class RetryPolicy:
 
 
 class Link:
-    """A DEALER socket to one endpoint that can be thrown away and reopened."""
+    """A DEALER socket to one endpoint that can be thrown away and reopened (and then
+    says HELLO again before anything else)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveClient | None) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
-        self.socket = self._open()
+        self.curve = curve
+        self.hello_frames: list | None = None  # set once the first HELLO went out
+        self.welcomes_due = 0  # WELCOMEs to re-HELLOs still to come (skipped)
+        self.socket, self.monitor = self._open()
 
-    def _open(self) -> zmq.Socket:
-        return connect_dealer(self.ctx, self.endpoint, linger_ms=0)
+    def _open(self) -> tuple[zmq.Socket, zmq.Socket | None]:
+        sock = connect_dealer(self.ctx, self.endpoint, linger_ms=0, curve=self.curve)
+        monitor = None
+        if self.curve is not None:
+            monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        return sock, monitor
 
     def reopen(self) -> None:
-        self.socket.close(linger=0)
-        self.socket = self._open()
+        self.close()
+        self.socket, self.monitor = self._open()
+        self.welcomes_due = 0
+        self.hello_again()
+
+    def hello_again(self) -> None:
+        """Say HELLO before the next request (its WELCOME will be skipped)."""
+        if self.hello_frames is not None:
+            self.send(self.hello_frames)
+            self.welcomes_due += 1
 
     def send(self, frames: list) -> None:
         self.socket.send_multipart([b"", *frames], copy=False)
 
-    def receive(self) -> Message:
-        """The next reply; ``ProtocolError`` if it is malformed."""
+    def receive(self) -> Message | None:
+        """The next reply (None if it was a re-HELLO's WELCOME); ``ProtocolError`` if it
+        is malformed."""
         incoming = receive(self.socket)
         if incoming.message is None:
             raise incoming.error
         if incoming.envelope:
             raise ProtocolError("reply with a routing envelope before the delimiter")
+        if self.welcomes_due and isinstance(incoming.message.header, Welcome):
+            self.welcomes_due -= 1
+            return None
         return incoming.message
 
+    def check_handshake(self) -> None:
+        """``PeerError`` if the CURVE handshake with the endpoint failed."""
+        if self.monitor is None:
+            return
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event & HANDSHAKE_FAILED:
+                raise PeerError(
+                    f"the security handshake with {self.endpoint} failed: the peer there "
+                    f"does not hold the key of the server expected there, or does not admit "
+                    f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
+
     def close(self) -> None:
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
         self.socket.close(linger=0)
+
+
+class SentPushes:
+    """The gradients this worker pushed in its last ``window`` rounds, to replay them."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._rounds: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def record(self, round_: int, gradient: np.ndarray) -> None:
+        if self.window <= 0:
+            return
+        self._rounds[round_] = np.array(gradient, copy=True)
+        while len(self._rounds) > self.window:
+            self._rounds.popitem(last=False)
+
+    def get(self, round_: int) -> np.ndarray | None:
+        return self._rounds.get(round_)
 
 
 class ServerRefused(PeerError):
@@ -106,6 +179,8 @@ class ClusterClient:
         role: str,
         worker: int,
         policy: RetryPolicy | None = None,
+        keys: KeyRing | None = None,
+        replay_rounds: int = 0,
     ) -> None:
         if len(endpoints) != cfg.num_shards:
             raise ConfigError(
@@ -116,7 +191,10 @@ class ClusterClient:
         self.worker = worker
         self.policy = policy or RetryPolicy()
         self.ctx = zmq.Context.instance()
-        self.links = [Link(self.ctx, e) for e in endpoints]
+        name = f"worker-{worker}" if role == "worker" else role
+        self.links = [Link(self.ctx, e, keys.client_curve(name, s) if keys else None)
+                      for s, e in enumerate(endpoints)]
+        self.sent = SentPushes(replay_rounds)
         self.ranges: list[tuple[int, int]] = []
         self.d = 0
 
@@ -135,7 +213,10 @@ class ClusterClient:
             config=self.cfg.to_dict(),
         )
         count = len(self.links)
-        replies = self._gather(dict.fromkeys(range(count), encode(hello)),
+        frames = encode(hello)
+        for link in self.links:
+            link.hello_frames = frames
+        replies = self._gather(dict.fromkeys(range(count), frames),
                                dict.fromkeys(range(count), _expect_welcome))
         welcomes = [replies[s] for s in range(count)]
         for s, w in enumerate(welcomes):
@@ -184,17 +265,19 @@ class ClusterClient:
         answers with PARAMS(round_ + 1) once that round exists, and the assembled
         x^{t+1} is returned (a shard whose resent push was already counted is pulled).
         """
+        self.sent.record(round_, gradient)
         requests = {}
         for s, (start, stop) in enumerate(self.ranges):
             header = Push(round=round_, worker=self.worker, length=stop - start,
                           pull_next=pull_next)
             requests[s] = encode(header, gradient[start:stop])
         if not pull_next:
-            self._gather(requests, dict.fromkeys(requests, _expect_ack), idempotent=True)
+            self._gather(requests, dict.fromkeys(requests, _expect_ack), idempotent=True,
+                         push_round=round_)
             return None
         x = np.empty(self.d, dtype=np.float32)
         checks = {s: self._params_into(x, s, round_ + 1) for s in requests}
-        results = self._gather(requests, checks, idempotent=True)
+        results = self._gather(requests, checks, idempotent=True, push_round=round_)
         unanswered = [s for s, stored in results.items() if not stored]
         if unanswered:
             self.pull(round_ + 1, before_resend, into=x, shards=unanswered)
@@ -210,11 +293,31 @@ class ClusterClient:
         header = Push(round=round_, worker=self.worker, length=stop - start)
         link = self.links[shard]
         link.send(encode(header, gradient[start:stop]))
-        if link.socket.poll(int(self.policy.timeout_s * 1000), zmq.POLLIN):
-            reply = link.receive().header
-            log.info("re-pushed round %d to %s: %s", round_, link.endpoint, type(reply).__name__)
-        else:
-            link.reopen()
+        deadline = time.monotonic() + self.policy.timeout_s
+        while link.socket.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLIN):
+            reply = link.receive()
+            if reply is not None:
+                log.info("re-pushed round %d to %s: %s", round_, link.endpoint,
+                         type(reply.header).__name__)
+                return
+        link.reopen()
+
+    def replay(self, shard: int, first: int, last: int) -> None:
+        """Push to ``shard`` again the gradients of rounds ``first`` to ``last - 1``, each
+        once its round is open there (a server that restarted behind the workers)."""
+        log.warning("%s is at round %d, this worker at %d: replaying %d rounds",
+                    self.links[shard].endpoint, first, last, last - first)
+        start, stop = self.ranges[shard]
+        for k in range(first, last):
+            gradient = self.sent.get(k)
+            if gradient is None:
+                raise PeerError(
+                    f"{self.links[shard].endpoint} restarted at round {first}, but this worker "
+                    f"keeps only its last {self.sent.window} rounds (--replay-rounds) and is at "
+                    f"round {last}")
+            header = Push(round=k, worker=self.worker, length=stop - start, pull_next=True)
+            self._gather({shard: encode(header, gradient[start:stop])},
+                         {shard: lambda msg: _expect(msg, Params)}, idempotent=True)
 
     # -- machinery ---------------------------------------------------------------
 
@@ -240,11 +343,13 @@ class ClusterClient:
         checks: dict[int, ReplyCheck],
         idempotent: bool = False,
         before_resend: Callable[[int], None] | None = None,
+        push_round: int | None = None,
     ) -> dict[int, object]:
         """Send ``requests[s]`` (encoded frames) to shard s; collect one reply per shard.
 
         Returns what ``checks[s]`` made of each reply. ``idempotent``: a resent request
-        refused as DUPLICATE/STALE counts as accepted, with result None.
+        refused as DUPLICATE/STALE counts as accepted, with result None. ``push_round``:
+        the requests push that round (a server behind it gets the rounds it lacks first).
         """
         results: dict[int, object] = {}
         pending = set(requests)
@@ -261,7 +366,8 @@ class ClusterClient:
                         before_resend(s)
                 self.links[s].send(requests[s])
             try:
-                self._collect(pending, results, checks, resent=idempotent and attempt > 0)
+                self._collect(pending, results, checks, resent=idempotent and attempt > 0,
+                              requests=requests, push_round=push_round)
             except Exception:
                 # replies still due would be read as answers to the next request
                 for s in pending:
@@ -281,7 +387,10 @@ class ClusterClient:
         results: dict[int, object],
         checks: dict[int, ReplyCheck],
         resent: bool,
+        requests: dict[int, list],
+        push_round: int | None,
     ) -> None:
+        resends = dict.fromkeys(pending, 0)
         poller = zmq.Poller()
         by_socket = {}
         for s in pending:
@@ -293,19 +402,37 @@ class ClusterClient:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 return
-            for sock, _ in poller.poll(min(remaining_ms, WAIT_SLICE_MS)):
+            ready = poller.poll(min(remaining_ms, WAIT_SLICE_MS))
+            if not ready:
+                for s in pending:
+                    self.links[s].check_handshake()
+            for sock, _ in ready:
                 s = by_socket[sock]
-                endpoint = self.links[s].endpoint
+                link = self.links[s]
                 try:
-                    msg = self.links[s].receive()
+                    msg = link.receive()
                 except ProtocolError as exc:
-                    raise PeerError(f"{endpoint} sent a malformed reply: {exc}") from exc
+                    raise PeerError(f"{link.endpoint} sent a malformed reply: {exc}") from exc
+                if msg is None:
+                    continue  # the WELCOME to a re-HELLO
                 header = msg.header
+                if isinstance(header, Error) and resends[s] < MAX_RESENDS:
+                    behind = (push_round is not None and header.code == ErrorCode.WRONG_ROUND.value
+                              and header.round < push_round)
+                    if header.code == ErrorCode.HELLO_FIRST.value or behind:
+                        resends[s] += 1
+                        if behind:
+                            self.replay(s, header.round, push_round)
+                        else:
+                            link.hello_again()
+                        link.send(requests[s])
+                        deadline = time.monotonic() + self.policy.timeout_s
+                        continue
                 if isinstance(header, Error):
                     if not _accepted_on_resend(header, resent):
                         if header.code == ErrorCode.CONFIG_MISMATCH.value:
-                            raise ConfigError(f"{endpoint} refused: {header.message}")
-                        raise ServerRefused(endpoint, header)
+                            raise ConfigError(f"{link.endpoint} refused: {header.message}")
+                        raise ServerRefused(link.endpoint, header)
                     results[s] = None
                 else:
                     results[s] = checks[s](msg)

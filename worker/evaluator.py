@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from common.config import RunConfig
 from common.data import Dataset, load_dataset
+from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.models import build_model, load_flat_parameters
 from common.process import check_stop
@@ -68,13 +69,13 @@ class Evaluator:
 
 
 def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOptions,
-                  out_dir: Path | None) -> None:
+                  out_dir: Path | None, keys: KeyRing | None = None) -> None:
     """Evaluate rounds 0, k, 2k, ... and the last round; write ``evaluator.jsonl``."""
     every = evaluation.eval_every
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(options.endpoints(), cfg, "evaluator", -1, policy)
+    client = ClusterClient(options.endpoints(), cfg, "evaluator", -1, policy, keys)
     metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)
     try:
         client.hello()

@@ -31,6 +31,10 @@ class ClientOptions:
     retries: int = setting(3, "Resends before giving up with exit code 4.",
                            roles=(*CLIENTS, CLUSTER), minimum=0)
 
+    replay_rounds: int = setting(16, "Gradients of the last K rounds kept, to replay them to a "
+                                 "server that restarted from an older checkpoint (K x the "
+                                 "model size in memory).", roles=(WORKER, CLUSTER), minimum=0)
+
     def endpoints(self) -> list[str]:
         return [e.strip() for e in (self.servers or "").split(",") if e.strip()]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
+from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
 from worker.byzantine import byzantine_gradient
@@ -20,7 +21,7 @@ log = logging.getLogger("ps.worker")
 
 
 def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
-               out_dir: Path | None) -> None:
+               out_dir: Path | None, keys: KeyRing | None = None) -> None:
     """Train as worker ``options.worker_id`` until the last round (or resume where the
     servers are)."""
     worker = options.worker_id
@@ -31,7 +32,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     computer = GradientComputer(cfg, dataset)
     byzantine = attack.is_byzantine(worker)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(endpoints, cfg, "worker", worker, policy)
+    client = ClusterClient(endpoints, cfg, "worker", worker, policy, keys,
+                           replay_rounds=options.replay_rounds)
     metrics = JsonlWriter(out_dir / f"worker-{worker}.jsonl" if out_dir else None)
     try:
         welcomes = client.hello()

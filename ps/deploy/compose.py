@@ -42,6 +42,7 @@ from typing import Any
 from common.attacks import ATTACKS, NO_ATTACK, attack_names
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
+from common.keys import SecurityOptions
 from common.process import ProcessOptions
 from common.settings import (
     EVALUATOR,
@@ -64,13 +65,14 @@ DEFAULT_OUTPUT = "docker-compose.yml"
 PORT = 5550
 READY_FILE = Path("/tmp/ps-ready")
 OUT_DIR = Path("/runs")
+KEYS_DIR = OUT_DIR / "keys"
 ARGS_MARK = "# gen_compose.py options: "
 
 
 def setting_classes() -> tuple[type, ...]:
     """Every class whose settings an env file may set (the attacks registered now)."""
     return (RunConfig, AttackConfig, *ATTACKS.values(), ServerOptions, ProxyOptions,
-            ClientOptions, EvalOptions, ProcessOptions)
+            ClientOptions, EvalOptions, SecurityOptions, ProcessOptions)
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -162,11 +164,13 @@ def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]
     for k, name in enumerate(servers):
         out[name] = ("ps-server", _environment(
             SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}"),
+            SecurityOptions(keys=KEYS_DIR),
             dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
     for k in attack.proxy_shards:
         out[f"proxy-{k}"] = ("ps-proxy", _environment(
             PROXY, dep.settings(ProxyOptions, PROXY, bind=f"tcp://0.0.0.0:{PORT}",
-                                server=endpoint(servers[k])),
+                                server=endpoint(servers[k]), shard=k),
+            SecurityOptions(keys=KEYS_DIR),
             attack, *attack.active(attack.proxy_attack),
             dep.settings(ProcessOptions, PROXY, out_dir=OUT_DIR, ready_file=READY_FILE)))
     worker_servers = ",".join(endpoint(h) for h in fronts)
@@ -174,12 +178,13 @@ def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]
         lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(i) else ()
         out[f"worker-{i}"] = ("ps-worker", _environment(
             WORKER, dep.settings(ClientOptions, WORKER, servers=worker_servers, worker_id=i),
-            *lies, dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR)))
+            *lies, SecurityOptions(keys=KEYS_DIR),
+            dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR)))
     # the evaluator reads the real servers, never a proxy: it measures what they hold
     out["evaluator"] = ("ps-worker", _environment(
         EVALUATOR, dep.settings(ClientOptions, EVALUATOR, evaluate=True,
                                 servers=",".join(endpoint(h) for h in servers)),
-        dep.settings(EvalOptions, EVALUATOR),
+        dep.settings(EvalOptions, EVALUATOR), SecurityOptions(keys=KEYS_DIR),
         dep.settings(ProcessOptions, EVALUATOR, out_dir=OUT_DIR)))
     return out
 
@@ -240,10 +245,22 @@ def render(dep: Deployment, options: dict) -> str:
         "    command: [sh, -c, 'if [ \"$$(stat -c %u /runs)\" = 0 ]; "
         "then chown ${PS_UID:-1000}:${PS_GID:-1000} /runs; fi']",
         "",
+        "  # the run's CURVE keys, new for every `up` (the proxy's key exists only because",
+        "  # this cluster is a test bed for the man-in-the-middle)",
+        "  keys:",
+        "    <<: *node",
+        "    command: [ps-keys, --force, --dir, " + str(KEYS_DIR) + f", --shards, '{s}', "
+        f"--workers, '{n}'"
+        + (f", --proxies, '{','.join(map(str, attack.proxy_shards))}'"
+           if attack.proxy_shards else "") + "]",
+        "    depends_on:",
+        "      runs-dir:",
+        "        condition: service_completed_successfully",
+        "",
     ]
     servers = [f"server-{k}" for k in range(s)]
     proxies = [f"proxy-{k}" for k in attack.proxy_shards]
-    depends = {"server": ["runs-dir"], "proxy": None, "worker": servers + proxies,
+    depends = {"server": ["keys"], "proxy": None, "worker": servers + proxies,
                "evaluator": servers}
     anchors: dict[tuple[str, ...], str] = {}
     for name, (command, env) in service_environments(dep).items():
@@ -259,7 +276,7 @@ def render(dep: Deployment, options: dict) -> str:
             anchors[key] = f"{name}-deps"
             out.append(f"    depends_on: &{anchors[key]}")
             for d in needs:
-                done = "completed_successfully" if d == "runs-dir" else "healthy"
+                done = "completed_successfully" if d == "keys" else "healthy"
                 out += [f"      {d}:", f"        condition: service_{done}"]
         if kind in ("server", "proxy"):
             out.append("    healthcheck: *ready")

@@ -14,6 +14,7 @@ from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
 from common.errors import PeerError
+from common.keys import SecurityOptions
 from common.process import ProcessOptions, pin_torch_threads, run_process
 from common.settings import COMMAND_ROLES, take
 from ps.launcher.options import ClusterOptions
@@ -22,7 +23,7 @@ from worker.options import ClientOptions, EvalOptions
 
 COMMAND = "ps-cluster"
 SETTINGS_OWNERS = (ClusterOptions, ClientOptions, EvalOptions, ServerOptions, AttackConfig,
-                   RunConfig, ProcessOptions)
+                   RunConfig, SecurityOptions, ProcessOptions)
 
 
 def build_command() -> click.Command:
@@ -60,6 +61,7 @@ def spec_from(values: dict[str, Any], process: ProcessOptions):
                        evaluation=take(EvalOptions, values, roles),
                        cluster=take(ClusterOptions, values, roles),
                        server=take(ServerOptions, values, roles),
+                       security=take(SecurityOptions, values, roles),
                        process=replace(process, out_dir=out))
 
 

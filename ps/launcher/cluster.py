@@ -24,6 +24,7 @@ import numpy as np
 
 from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, PSError
+from common.keys import SecurityOptions, create_keys
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, check_stop
 from common.settings import EVALUATOR, PROXY, SERVER, WORKER, to_argv
@@ -68,6 +69,7 @@ class ClusterSpec:
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
     server: ServerOptions = field(default_factory=ServerOptions)
     process: ProcessOptions = field(default_factory=ProcessOptions)
+    security: SecurityOptions = field(default_factory=SecurityOptions)
 
 
 def child_argv(role: str, *settings: Any) -> list[str]:
@@ -109,6 +111,7 @@ class Cluster:
         self.logs = self.out / "logs"
         self.processes: list[ManagedProcess] = []
         self.started = 0.0
+        self.security = spec.security
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -120,6 +123,7 @@ class Cluster:
             json.dumps({"run": self.spec.cfg.to_dict(), "attack": self.spec.attack.to_dict()},
                        indent=2) + "\n", encoding="utf-8")
         self.started = time.monotonic()
+        self.security = self._keys()
         try:
             servers = self._start_servers()
             fronts = self._start_proxies(servers)
@@ -130,6 +134,18 @@ class Cluster:
         finally:
             stop_all(self.processes)
         return self._result()
+
+    def _keys(self) -> SecurityOptions:
+        """What the children use: the given keys, none (--insecure), or keys generated
+        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted)."""
+        given = self.spec.security
+        if given.insecure or given.keys is not None:
+            return given
+        attack, cfg = self.spec.attack, self.spec.cfg
+        proxies = attack.proxy_shards if attack.proxy_attack != "none" else ()
+        directory = self.out / "keys"
+        create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
+        return SecurityOptions(keys=directory)
 
     def _child(self, name: str, module: str, args: list[str]) -> ManagedProcess:
         process = ManagedProcess(
@@ -147,24 +163,26 @@ class Cluster:
 
     def server_argv(self, shard: int, ready_file: Path) -> list[str]:
         options = replace(self.spec.server, shard=shard, bind=f"tcp://{self.spec.cluster.host}:*")
-        return child_argv(SERVER, options, self.spec.cfg, self._process(ready_file))
+        return child_argv(SERVER, options, self.spec.cfg, self.security,
+                          self._process(ready_file))
 
-    def proxy_argv(self, server: str, ready_file: Path) -> list[str]:
+    def proxy_argv(self, shard: int, server: str, ready_file: Path) -> list[str]:
         attack = self.spec.attack
-        options = ProxyOptions(bind=f"tcp://{self.spec.cluster.host}:*", server=server)
+        options = ProxyOptions(bind=f"tcp://{self.spec.cluster.host}:*", server=server,
+                               shard=shard)
         return child_argv(PROXY, options, attack, *attack.active(attack.proxy_attack),
-                          self.spec.cfg, self._process(ready_file))
+                          self.spec.cfg, self.security, self._process(ready_file))
 
     def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
         attack = self.spec.attack
         client = replace(self.spec.client, servers=",".join(endpoints), worker_id=worker)
         lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(worker) else ()
-        return child_argv(WORKER, client, *lies, self.spec.cfg, self._process())
+        return child_argv(WORKER, client, *lies, self.spec.cfg, self.security, self._process())
 
     def evaluator_argv(self, servers: list[str]) -> list[str]:
         client = replace(self.spec.client, servers=",".join(servers), evaluate=True)
         return child_argv(EVALUATOR, client, self.spec.evaluation, self.spec.cfg,
-                          self._process())
+                          self.security, self._process())
 
     def _start_servers(self) -> list[str]:
         ready = []
@@ -185,7 +203,7 @@ class Cluster:
         for s in attack.proxy_shards:
             ready_file = self.run_dir / f"proxy-{s}.endpoint"
             ready_file.unlink(missing_ok=True)
-            self._child(f"proxy-{s}", "ps.proxy.cli", self.proxy_argv(servers[s], ready_file))
+            self._child(f"proxy-{s}", "ps.proxy.cli", self.proxy_argv(s, servers[s], ready_file))
             ready[s] = ready_file
         for s, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
             fronts[s] = endpoint

@@ -9,6 +9,8 @@ import click
 from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
+from common.errors import ConfigError
+from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import COMMAND_ROLES, take
 from ps.proxy.options import ProxyOptions
@@ -18,7 +20,8 @@ COMMAND = "ps-proxy"
 
 def build_command() -> click.Command:
     """The ``ps-proxy`` command, its options derived from the settings declarations."""
-    settings = (ProxyOptions, AttackConfig, *ATTACKS.values(), RunConfig, ProcessOptions)
+    settings = (ProxyOptions, AttackConfig, *ATTACKS.values(), RunConfig, SecurityOptions,
+                ProcessOptions)
 
     @settings_command(COMMAND, settings)
     def main(**values: Any) -> None:
@@ -35,9 +38,13 @@ def build_command() -> click.Command:
             cfg = take(RunConfig, values, roles).validate()
             # the proxy's shard is learnt from the server; ids are checked against S
             attack = AttackConfig.build(values, roles, proxy_shards=(0,)).validate(cfg)
+            options = take(ProxyOptions, values, roles)
+            keys = take(SecurityOptions, values, roles).ring(COMMAND)
+            if keys is not None and options.shard is None:
+                raise ConfigError("ps-proxy with --keys needs --shard (whose keys to use)")
             from ps.proxy.node import relay
 
-            relay(cfg, attack, take(ProxyOptions, values, roles), process)
+            relay(cfg, attack, options, process, keys)
 
         run_process("proxy", process, start)
 

@@ -12,16 +12,23 @@ message and return what to send on, to the server or back to a worker. The core 
 * the per-round tallies written as metrics, and when the proxy may exit (the n ACKs
   of the last round went back).
 
-Anything the proxy cannot decode or that the server will refuse (a worker id outside
-0..n-1, a negative round, a payload whose length is not the shard's) is relayed
-unchanged and uncorrupted: judging it is the server's job, and its ERROR goes back.
-The ZeroMQ loop around it is ``ps/proxy/node.py``.
+The proxy checks what a worker sends exactly as the server would before it corrupts or
+holds anything, and answers what the server would refuse itself: an undecodable
+message, a key pushing as another worker (``check_claim``), a worker id outside
+0..n-1, a round outside the run, a payload whose length is not the shard's. It holds
+pushes only of the rounds the server can take next (its current round and the one
+after, as the replies going back tell); older rounds go to the server uncorrupted (it
+answers them, as repeats or stale). Every table is bounded: held pushes by those two
+rounds, the reply routes by ``MAX_ROUTES`` (oldest out). Whatever a message makes the
+core raise is answered ``internal`` and counted, never fatal. The ZeroMQ loop around it
+is ``ps/proxy/node.py``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +36,30 @@ import numpy as np
 
 from common.config import AttackConfig, RunConfig
 from common.metrics import JsonlWriter
-from common.protocol import Ack, Message, Params, Pull, Push, Welcome, encode, join_envelope
+from common.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Message,
+    Params,
+    Pull,
+    Push,
+    Refused,
+    Welcome,
+    encode,
+    join_envelope,
+)
 from ps.proxy.corruption import ShardCorruptor
+from server.sessions import check_claim
 
 if TYPE_CHECKING:
     from common.transport import Incoming, Peer
+
+log = logging.getLogger("ps.proxy")
+
+# Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
+MAX_ROUTES = 4096
+MAX_ERROR_TEXT = 2000
 
 
 @dataclass(frozen=True)
@@ -61,7 +87,7 @@ class _HeldPush:
 class _Tables:
     tallies: dict[int, _RoundTally] = field(default_factory=lambda: defaultdict(_RoundTally))
     held: dict[int, dict[int, _HeldPush]] = field(default_factory=lambda: defaultdict(dict))
-    puller: dict[Peer, int] = field(default_factory=dict)
+    puller: OrderedDict[Peer, int] = field(default_factory=OrderedDict)
 
 
 class ProxyCore:
@@ -75,7 +101,8 @@ class ProxyCore:
         self.shard_size = welcome.stop - welcome.start
         self.metrics = metrics or JsonlWriter(None)
         self.tables = _Tables()
-        self.relayed_unparsed = 0
+        self.counters: Counter[str] = Counter()
+        self.round = welcome.round  # the server's current round, as far as replies tell
         self.final_acks = 0
 
     @property
@@ -86,30 +113,71 @@ class ProxyCore:
     # -- worker -> server --------------------------------------------------------
 
     def from_worker(self, incoming: Incoming) -> list[Outgoing]:
+        """What a worker's message becomes: relayed (maybe corrupted, maybe held), or
+        answered here with the ERROR the server would send."""
         msg = incoming.message
-        if msg is None:
-            self.relayed_unparsed += 1
+        try:
+            if msg is None:
+                error = incoming.error
+                raise Refused(error.code if error else ErrorCode.MALFORMED, str(error))
+            header = msg.header
+            check_claim(incoming.identity, header)
+            if isinstance(header, Pull):
+                self._route(incoming.peer, self._worker_or_none(header.worker))
+            if isinstance(header, Push):
+                self._check_push(header)
+                if header.round >= self.round:
+                    return self._on_push(incoming.envelope, incoming.peer, msg)
             return [Outgoing(True, incoming.frames)]
-        header = msg.header
-        if isinstance(header, Pull):
-            self.tables.puller[incoming.peer] = self._worker_or_none(header.worker)
-        if isinstance(header, Push) and self._acceptable(header):
-            return self._on_push(incoming.envelope, incoming.peer, msg)
-        return [Outgoing(True, incoming.frames)]
+        except Refused as exc:
+            self.counters[exc.code.value] += 1
+            return self._refuse(incoming.envelope, exc.code, str(exc))
+        except Exception as exc:  # a bug must not end the proxy: answer, count, log
+            self.counters[ErrorCode.INTERNAL.value] += 1
+            log.exception("internal error handling a worker's message")
+            return self._refuse(incoming.envelope, ErrorCode.INTERNAL,
+                                f"{type(exc).__name__}: {exc}")
 
     def _worker_or_none(self, worker: int) -> int:
         """``worker`` if it names a worker of the run, else -1 (nothing is corrupted)."""
         return worker if 0 <= worker < self.cfg.num_workers else -1
 
-    def _acceptable(self, push: Push) -> bool:
-        """A push the server may accept: only such pushes are corrupted or held."""
-        return (0 <= push.worker < self.cfg.num_workers and push.round >= 0
-                and push.length == self.shard_size)
+    def _check_push(self, push: Push) -> None:
+        """Refuse, as the server would, a push it cannot accept; and rounds the proxy
+        would have to hold beyond the next one."""
+        n, rounds = self.cfg.num_workers, self.cfg.rounds
+        if not 0 <= push.worker < n:
+            raise Refused(ErrorCode.UNKNOWN_WORKER, f"worker {push.worker} is not in 0..{n - 1}")
+        if push.round >= rounds:
+            raise Refused(ErrorCode.FINISHED if push.round == rounds else ErrorCode.WRONG_ROUND,
+                          f"push for round {push.round}; the run has {rounds} rounds")
+        if push.round < 0:
+            raise Refused(ErrorCode.STALE_ROUND, f"push for round {push.round}")
+        if push.round > self.round + 1:
+            raise Refused(ErrorCode.WRONG_ROUND,
+                          f"push for round {push.round}, current round is {self.round}")
+        if push.length != self.shard_size:
+            raise Refused(ErrorCode.WRONG_LENGTH, f"push has {push.length} values, this "
+                          f"shard has {self.shard_size}")
+
+    def _route(self, peer: Peer, worker: int) -> None:
+        """Remember that PARAMS for ``peer`` go to ``worker`` (bounded, oldest out)."""
+        routes = self.tables.puller
+        routes[peer] = worker
+        routes.move_to_end(peer)
+        while len(routes) > MAX_ROUTES:
+            routes.popitem(last=False)
+
+    def _refuse(self, envelope: list[Any], code: ErrorCode, message: str) -> list[Outgoing]:
+        if not envelope:
+            return []
+        error = Error(code=code.value, message=message[:MAX_ERROR_TEXT], round=self.round)
+        return [Outgoing(False, join_envelope(envelope, encode(error)))]
 
     def _on_push(self, envelope: list[Any], peer: Peer, msg: Message) -> list[Outgoing]:
         push: Push = msg.header  # type: ignore[assignment]
         if push.pull_next:  # the reply will be PARAMS for this worker
-            self.tables.puller[peer] = push.worker
+            self._route(peer, push.worker)
         if self.corruptor.whole_round:
             held = self.tables.held[push.round]
             held[push.worker] = _HeldPush(envelope, push, np.array(msg.tensor()))
@@ -125,8 +193,7 @@ class ProxyCore:
         ordered = [held[i] for i in range(self.cfg.num_workers)]
         values, changed = self.corruptor.corrupt_round(round_, [h.values for h in ordered])
         self._tally(round_, changed, pushes=len(ordered))
-        for old in [r for r in self.tables.held if r < round_]:
-            self.tables.held.pop(old)  # pushes of a round that can no longer complete
+        self._advance(round_ + 1)
         return [Outgoing(True, join_envelope(h.envelope, encode(h.header, v)))
                 for h, v in zip(ordered, values, strict=True)]
 
@@ -139,6 +206,10 @@ class ProxyCore:
         if msg is None:
             return [Outgoing(False, incoming.frames)]
         header = msg.header
+        if isinstance(header, Error):
+            self.round = header.round  # the server's current round (it may have restarted)
+        if isinstance(header, (Ack, Params)):
+            self._advance(header.round)
         if isinstance(header, Ack) and header.round == self.cfg.rounds - 1:
             self.final_acks += 1
         if isinstance(header, Params) and self.attack.corrupt_params:
@@ -150,6 +221,15 @@ class ProxyCore:
             return [Outgoing(False, join_envelope(incoming.envelope, encode(header, values)))]
         return [Outgoing(False, incoming.frames)]
 
+    def _advance(self, round_: int) -> None:
+        """The server is at ``round_`` or later: forget what only older rounds needed."""
+        if round_ <= self.round:
+            return  # (an ACK or PARAMS of an older round says nothing new)
+        self.round = round_
+        for table in (self.tables.held, self.tables.tallies):
+            for old in [r for r in table if r < round_ - 1]:
+                del table[old]  # rounds that can no longer complete here
+
     # -- metrics -----------------------------------------------------------------
 
     def _tally(self, round_: int, changed: int, pushes: int = 1) -> None:
@@ -160,5 +240,5 @@ class ProxyCore:
         if tally.pushes >= self.cfg.num_workers:
             self.metrics.write({"time": time.time(), "round": round_, "pushes": tally.pushes,
                                 "corrupted_values": tally.corrupted,
-                                "unparsed_relayed": self.relayed_unparsed})
+                                "errors": sum(self.counters.values())})
             del self.tables.tallies[round_]

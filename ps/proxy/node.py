@@ -14,12 +14,14 @@ import zmq
 
 from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, ConfigError
+from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.protocol import Hello, Welcome, encode
 from common.transport import (
     bind_router,
     connect_dealer,
+    largest_message,
     receive,
     send_frames,
     write_ready_file,
@@ -55,17 +57,28 @@ def handshake(back: zmq.Socket, cfg: RunConfig, options: ProxyOptions) -> Welcom
 
 
 def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
-          process: ProcessOptions) -> None:
-    """Relay until stopped, or until the n ACKs of the last round went back."""
+          process: ProcessOptions, keys: KeyRing | None) -> None:
+    """Relay until stopped, or until the n ACKs of the last round went back.
+
+    With ``keys`` the proxy connects with the key ``proxy-<s>`` (which the server trusts
+    to relay) and presents the server's own key to the workers: a man in the middle
+    works only because the test handed it both.
+    """
     ctx = zmq.Context.instance()
-    back = connect_dealer(ctx, options.server)
+    shard = options.shard
+    back = connect_dealer(ctx, options.server,
+                          curve=keys.client_curve(f"proxy-{shard}", shard) if keys else None)
     front = None
     try:
         welcome = handshake(back, cfg, options)
         out = process.out_dir
         metrics = JsonlWriter(out / f"proxy-{welcome.shard}.jsonl" if out else None)
         core = ProxyCore(cfg, attack, welcome, metrics)
-        front, endpoint = bind_router(ctx, options.bind)
+        if shard is not None and welcome.shard != shard:
+            raise ConfigError(f"{options.server} serves shard {welcome.shard}, not --shard {shard}")
+        front_curve = keys.server_curve(welcome.shard) if keys else None
+        front, endpoint = bind_router(ctx, options.bind, front_curve)
+        max_bytes = largest_message(welcome.stop - welcome.start)
         log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
                  welcome.start, welcome.stop, endpoint, options.server, attack.proxy_attack)
         write_ready_file(process.ready_file, endpoint)
@@ -79,9 +92,10 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                 events = dict(poller.poll(POLL_MS))
                 outgoing = []
                 if front in events:
-                    outgoing += core.from_worker(receive(front))
+                    outgoing += core.from_worker(
+                        receive(front, max_bytes, authenticated=front_curve is not None))
                 if back in events:
-                    outgoing += core.from_server(receive(back))
+                    outgoing += core.from_server(receive(back, max_bytes))
                 for o in outgoing:
                     send_frames(back if o.to_server else front, o.frames)
             log.info("the last round's pushes were all acknowledged; exiting")

@@ -52,6 +52,21 @@ class Processes:
 
 
 @pytest.fixture
+def run_keys(tmp_path: Path) -> Callable[..., list[str]]:
+    """``run_keys(S, n, proxies=())``: the run's keys, created once; the --keys flags."""
+    from common.keys import create_keys
+
+    directory = tmp_path / "keys"
+
+    def make(num_shards: int, num_workers: int, proxies: tuple[int, ...] = ()) -> list[str]:
+        if not directory.exists():
+            create_keys(directory, num_shards, num_workers, proxies)
+        return ["--keys", str(directory)]
+
+    return make
+
+
+@pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path / "logs")
     yield procs

@@ -16,20 +16,19 @@ CKPT = Checkpoint(shard=1, round=7, config_hash="0123456789abcdef",
                   params=np.arange(5, dtype=np.float32))
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_save_then_load_round_trips_and_syncs_only_when_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: bool
+def test_save_then_load_round_trips_and_syncs_file_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(ck.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     path = tmp_path / "shard-1.npz"
-    save_checkpoint(path, CKPT, sync=sync)
-    save_checkpoint(path, Checkpoint(1, 8, CKPT.config_hash, CKPT.params + 1), sync=sync)
+    save_checkpoint(path, CKPT)
+    save_checkpoint(path, Checkpoint(1, 8, CKPT.config_hash, CKPT.params + 1))
     back = load_checkpoint(path)
     assert (back.shard, back.round, back.config_hash) == (1, 8, CKPT.config_hash)
     np.testing.assert_array_equal(back.params, CKPT.params + 1)
-    assert len(synced) == (4 if sync else 0)  # the file and its directory, per save
+    assert len(synced) == 4  # the file and its directory, per save
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-1.npz"]
 
 
@@ -61,3 +60,42 @@ def test_final_parameters_concatenate_the_shards_in_order(tmp_path: Path) -> Non
         save_checkpoint(tmp_path / f"shard-{s}.npz",
                         Checkpoint(s, 4, "h", np.full(2, s, dtype=np.float32)))
     np.testing.assert_array_equal(final_parameters(tmp_path, 3), [0, 0, 1, 1, 2, 2])
+
+
+def test_writer_saves_the_newest_in_the_background_and_the_final_one_at_close(
+    tmp_path: Path,
+) -> None:
+    failures = []
+    path = tmp_path / "shard-1.npz"
+    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1))
+    for r in range(5):
+        writer.submit(Checkpoint(1, r, CKPT.config_hash, CKPT.params + r))
+    writer.close(Checkpoint(1, 9, CKPT.config_hash, CKPT.params + 9))
+    back = load_checkpoint(path)
+    assert back.round == 9 and failures == []
+    np.testing.assert_array_equal(back.params, CKPT.params + 9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-1.npz"]
+
+
+def test_writer_failures_are_reported_and_retried_never_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures = []
+    real_savez = ck.np.savez
+    full = [True]
+
+    def maybe_full(*args, **kwargs):
+        if full[0]:
+            raise OSError(24, "Too many open files")
+        return real_savez(*args, **kwargs)
+
+    monkeypatch.setattr(ck.np, "savez", maybe_full)
+    path = tmp_path / "shard-1.npz"
+    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1))
+    writer.submit(CKPT)
+    writer.close(CKPT)  # the final save fails too: reported, not raised
+    assert len(failures) >= 1 and not list(tmp_path.iterdir())
+    full[0] = False
+    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1))
+    writer.close(CKPT)
+    assert load_checkpoint(path).round == 7

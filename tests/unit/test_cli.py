@@ -56,5 +56,10 @@ def test_help_lists_every_option_with_its_environment_variable(command) -> None:
 
 
 def test_server_refuses_a_shard_outside_the_cluster() -> None:
-    result = CliRunner().invoke(server_main, ["--shard", "4", "--shards", "4"])
+    result = CliRunner().invoke(server_main, ["--shard", "4", "--shards", "4", "--insecure"])
     assert result.exit_code == EXIT_CONFIG and "--shard must be in 0..3" in result.output
+
+
+def test_keys_and_insecure_together_are_a_configuration_error(tmp_path) -> None:
+    result = CliRunner().invoke(server_main, ["--keys", str(tmp_path), "--insecure"])
+    assert result.exit_code == EXIT_CONFIG and "contradict" in result.output

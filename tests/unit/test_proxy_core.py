@@ -8,15 +8,19 @@ envelope (``[b"w<i>"]``) in front of the empty delimiter.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from common.config import AttackConfig, RunConfig
+from common.keys import Identity
 from common.metrics import JsonlWriter, read_jsonl
 from common.protocol import (
     Ack,
+    Error,
+    ErrorCode,
     Header,
     Hello,
     Params,
@@ -205,17 +209,20 @@ def test_omniscient_writes_one_metrics_line_per_round(tmp_path) -> None:
     assert line["round"] == 0
     assert line["pushes"] == N
     assert line["corrupted_values"] == 2 * LENGTH
-    assert line["unparsed_relayed"] == 0
+    assert line["errors"] == 0
 
 
 def test_omniscient_drops_held_pushes_of_an_older_round_when_a_newer_one_is_released() -> None:
     core = make_core(attack(**OMNISCIENT))
-    forward_all(core, [push(0, round_=0), push(1, round_=0), push(3, round_=2)])
+    forward_all(core, [push(0, round_=0), push(1, round_=0)])
+    core.from_server(incoming(env(1), Ack(round=1, worker=1)))  # the server is at round 1
+    forward_all(core, [push(3, round_=2)])
     assert set(core.tables.held) == {0, 2}
     out = forward_all(core, [push(w, round_=1) for w in range(N)])
     assert [sent(o)[1].round for o in out] == [1] * N
     assert set(core.tables.held) == {2}  # round 0 can no longer complete; round 2 still can
     assert set(core.tables.held[2]) == {3}
+    assert_refused(core.from_worker(push(0, round_=4)), ErrorCode.WRONG_ROUND)
 
 
 # --------------------------------------------------------------------------- gaussian
@@ -304,18 +311,17 @@ def test_params_are_relayed_byte_identical_without_corrupt_params(given: dict[st
 # --------------------------------------------------------------------------- relaying
 
 
-def test_undecodable_frames_from_a_worker_go_to_the_server_unchanged() -> None:
+def test_undecodable_frames_from_a_worker_are_refused_by_the_proxy() -> None:
     core = make_core(attack(**GAMBLER))
-    msg = garbage(env(1))
-    assert core.from_worker(msg) == [Outgoing(True, msg.frames)]
-    assert core.relayed_unparsed == 1
+    assert_refused(core.from_worker(garbage(env(1))), ErrorCode.MALFORMED)
+    assert core.counters["malformed"] == 1
 
 
 def test_undecodable_frames_from_the_server_go_to_the_worker_unchanged() -> None:
     core = make_core(attack(**GAMBLER))
     msg = garbage(env(1))
     assert core.from_server(msg) == [Outgoing(False, msg.frames)]
-    assert core.relayed_unparsed == 0
+    assert not core.counters
 
 
 def test_a_late_reply_to_the_proxys_own_hello_is_dropped() -> None:
@@ -353,22 +359,68 @@ def test_finished_after_the_n_acks_of_the_last_round() -> None:
 
 # --------------------------------------------------------------------------- bugs
 
-# A decodable but invalid message is the server's to refuse (UNKNOWN_WORKER,
-# WRONG_LENGTH, STALE_ROUND...); the proxy raising on it stops the whole shard's relay.
+# What the server would refuse, the proxy refuses itself, with the server's code,
+# before corrupting or holding anything.
 
 
-@pytest.mark.parametrize(("given", "round_", "worker"), [
-    (GAMBLER, 0, -1),
-    (GAMBLER, -1, 0),
-    (BITFLIP, 0, N),
-], ids=["gambler-worker-minus-1", "gambler-round-minus-1", "bitflip-worker-n"])
-def test_a_push_with_an_invalid_worker_or_round_is_relayed(
-    given: dict[str, Any], round_: int, worker: int
+def assert_refused(out: list[Outgoing], code: ErrorCode) -> None:
+    assert len(out) == 1 and not out[0].to_server
+    header = sent(out[0])[1]
+    assert isinstance(header, Error) and header.code == code.value, header
+
+
+@pytest.mark.parametrize(("given", "round_", "worker", "code"), [
+    (GAMBLER, 0, -1, ErrorCode.UNKNOWN_WORKER),
+    (GAMBLER, -1, 0, ErrorCode.STALE_ROUND),
+    (BITFLIP, 0, N, ErrorCode.UNKNOWN_WORKER),
+    (OMNISCIENT, 3, 0, ErrorCode.FINISHED),
+    (OMNISCIENT, 2, 0, ErrorCode.WRONG_ROUND),
+], ids=["gambler-worker-minus-1", "gambler-round-minus-1", "bitflip-worker-n",
+        "omniscient-finished", "omniscient-too-far-ahead"])
+def test_a_push_the_server_would_refuse_is_refused_by_the_proxy(
+    given: dict[str, Any], round_: int, worker: int, code: ErrorCode
 ) -> None:
     core = make_core(attack(**given))
     header = Push(round=round_, worker=worker, length=LENGTH)
-    out = core.from_worker(incoming(env(1), header, grad(1)))
-    assert len(out) == 1 and out[0].to_server
+    assert_refused(core.from_worker(incoming(env(1), header, grad(1))), code)
+    assert core.counters[code.value] == 1 and not core.tables.held
+
+
+def test_a_key_cannot_push_through_the_proxy_as_another_worker() -> None:
+    core = make_core(attack(**GAMBLER))
+    msg = replace(push(2), identity=Identity("worker", 1))
+    assert_refused(core.from_worker(msg), ErrorCode.FORBIDDEN)
+
+
+def test_an_exception_while_handling_is_answered_internal_and_the_proxy_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core = make_core(attack(**GAMBLER))
+    real = core.corruptor.corrupt_push
+    calls = []
+
+    def failing_once(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("bug")
+        return real(*args)
+
+    monkeypatch.setattr(core.corruptor, "corrupt_push", failing_once)
+    assert_refused(core.from_worker(push(0)), ErrorCode.INTERNAL)
+    assert core.counters["internal"] == 1
+    (out,) = core.from_worker(push(1))
+    assert out.to_server
+
+
+def test_a_server_error_with_an_older_round_makes_the_proxy_corrupt_that_round_again() -> None:
+    core = make_core(attack(**GAMBLER))
+    core.from_server(incoming(env(1), Ack(round=2, worker=1)))
+    assert core.round == 2
+    core.from_server(incoming(env(1), Error(code="wrong-round", message="", round=0)))
+    assert core.round == 0
+    (out,) = core.from_worker(push(1, round_=0))
+    values, _ = reference(attack(**GAMBLER)).corrupt_push(0, 1, grad(1))
+    np.testing.assert_array_equal(bits(sent(out)[2]), bits(values))
 
 
 def test_a_held_round_with_a_push_of_the_wrong_length_does_not_crash() -> None:

@@ -17,6 +17,7 @@ import pytest
 import server.core
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.keys import Identity
 from common.metrics import JsonlWriter, read_jsonl
 from common.protocol import (
     Ack,
@@ -36,8 +37,9 @@ from common.protocol import (
 )
 from common.transport import Incoming
 from server.checkpoint import Checkpoint
-from server.core import CHECKPOINT_FAILED, Reply, ServerCore
+from server.core import CHECKPOINT_FAILED, REPEATED_PUSH, Reply, ServerCore
 from server.options import ServerOptions
+from server.sessions import MAX_SESSIONS_PER_PRINCIPAL
 
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0, lr=0.5,
                 rounds=4).validate()
@@ -57,12 +59,14 @@ def _worker_peer(worker: int) -> bytes:
     return f"worker-{worker}".encode()
 
 
-def message(header: Header, tensor: np.ndarray | None = None,
-            peer: bytes = b"peer-id") -> Incoming:
-    """What the transport hands the core for ``header`` sent by ``peer``."""
+def message(header: Header, tensor: np.ndarray | None = None, peer: bytes = b"peer-id",
+            identity: Identity | None = None) -> Incoming:
+    """What the transport hands the core for ``header`` sent by ``peer`` (with the
+    CURVE key ``identity``; None: no keys in use)."""
     frames = encode(header, tensor)
     return Incoming(envelope=_env(peer), message=decode(frames), error=None,
-                    frames=[peer, b"", *frames], size=sum(len(f) for f in frames))
+                    frames=[peer, b"", *frames], size=sum(len(f) for f in frames),
+                    identity=identity)
 
 
 def garbage(envelope: list[bytes]) -> Incoming:
@@ -73,11 +77,11 @@ def garbage(envelope: list[bytes]) -> Incoming:
 
 
 def make_core(tmp_path: Path | None = None, saved: list[Checkpoint] | None = None,
-              **options: object) -> ServerCore:
+              cfg: RunConfig = CFG, **options: object) -> ServerCore:
     opts = ServerOptions(**{"shard": 0, "linger_s": LINGER_S, "checkpoint_every": 2,
                             **options})  # type: ignore[arg-type]
     metrics = JsonlWriter(tmp_path / "m.jsonl") if tmp_path is not None else None
-    return ServerCore(CFG, opts, INITIAL, metrics=metrics,
+    return ServerCore(cfg, opts, INITIAL, metrics=metrics,
                       save=saved.append if saved is not None else None)
 
 
@@ -88,12 +92,22 @@ def grad(worker: int, round_: int = 0) -> np.ndarray:
 
 def push(core: ServerCore, worker: int, round_: int | None = None,
          values: np.ndarray | None = None, pull_next: bool = False,
-         now: float = 0.0) -> list[Reply]:
-    """Worker ``worker`` pushes its shard for ``round_`` (default: the current round)."""
+         now: float = 0.0, session: bool = True) -> list[Reply]:
+    """Worker ``worker`` pushes its shard for ``round_`` (default: the current round),
+    after its HELLO unless ``session`` is False."""
     round_ = core.state.round if round_ is None else round_
     values = grad(worker, round_) if values is None else values
     header = Push(round=round_, worker=worker, length=values.size, pull_next=pull_next)
+    if session:
+        greet(core, _worker_peer(worker), "worker", worker)
     return core.handle(message(header, values, _worker_peer(worker)), now)
+
+
+def greet(core: ServerCore, peer: bytes, role: str, worker: int) -> None:
+    """Open ``peer``'s session (its HELLO) unless it has one."""
+    if (peer,) not in core.sessions:
+        assert isinstance(only(hello(core, role=role, worker=worker, peer=peer)).header,
+                          Welcome)
 
 
 def run_rounds(core: ServerCore, count: int, now: float = 0.0) -> None:
@@ -103,15 +117,22 @@ def run_rounds(core: ServerCore, count: int, now: float = 0.0) -> None:
             push(core, w, now=now)
 
 
+def run_rounds_replies(core: ServerCore) -> list[Reply]:
+    """One round of pushes (without pull_next); every reply they got."""
+    return [r for w in range(CFG.num_workers) for r in push(core, w)]
+
+
 def pull(core: ServerCore, round_: int, peer: bytes = b"reader", worker: int = -1,
          now: float = 0.0) -> list[Reply]:
+    greet(core, peer, "worker" if worker >= 0 else "evaluator", worker)
     return core.handle(message(Pull(round=round_, worker=worker), peer=peer), now)
 
 
 def hello(core: ServerCore, role: str = "worker", worker: int = 0, peer: bytes = b"peer-id",
-          cfg: RunConfig = CFG, config_hash: str | None = None,
+          cfg: RunConfig | None = None, config_hash: str | None = None,
           config: dict | None = None) -> list[Reply]:
-    """A HELLO sending ``cfg`` (or the given hash and settings map)."""
+    """A HELLO sending ``cfg`` (default: the core's own; or the given hash and settings)."""
+    cfg = core.cfg if cfg is None else cfg
     header = Hello(role=role, worker=worker,
                    config_hash=cfg.config_hash if config_hash is None else config_hash,
                    config=cfg.to_dict() if config is None else config)
@@ -230,7 +251,7 @@ def test_pull_next_pushes_get_the_next_round_params_when_the_round_completes() -
     expected = expected_after(SHARD, [grad(w) for w in range(3)])
     for reply in replies:
         assert_params(reply, 1, expected, reply.envelope[0])
-    assert core.state.round == 1 and core.parked == []
+    assert core.state.round == 1 and core.parked == {}
 
 
 def test_last_push_without_pull_next_is_acked_and_releases_the_parked() -> None:
@@ -254,43 +275,118 @@ def test_rounds_chain_the_mean_update() -> None:
     assert core.state.finished
 
 
+LONG = replace(CFG, rounds=8).validate()  # long enough for rounds to leave the history
+
+
 @pytest.mark.parametrize(
-    ("rounds_done", "worker", "round_", "length", "code"),
+    ("rounds_done", "round_", "length", "code"),
     [
-        (0, 3, 0, 5, ErrorCode.UNKNOWN_WORKER),
-        (0, -1, 0, 5, ErrorCode.UNKNOWN_WORKER),
-        (1, 0, 2, 5, ErrorCode.WRONG_ROUND),
-        (1, 0, 0, 5, ErrorCode.STALE_ROUND),
-        (1, 0, 1, 4, ErrorCode.WRONG_LENGTH),
-        (1, 0, 1, 6, ErrorCode.WRONG_LENGTH),
-        (4, 0, 4, 5, ErrorCode.FINISHED),
+        (1, 2, 5, ErrorCode.WRONG_ROUND),
+        (1, 1, 4, ErrorCode.WRONG_LENGTH),
+        (1, 1, 6, ErrorCode.WRONG_LENGTH),
+        (4, 4, 5, ErrorCode.FINISHED),
     ],
 )
 def test_bad_push_gets_an_error_with_the_current_round(
-    rounds_done: int, worker: int, round_: int, length: int, code: ErrorCode
+    rounds_done: int, round_: int, length: int, code: ErrorCode
 ) -> None:
     core = make_core()
     run_rounds(core, rounds_done)
-    replies = push(core, worker, round_, np.ones(length, dtype=np.float32))
-    assert_error(replies, code, rounds_done, _worker_peer(worker))
+    replies = push(core, 0, round_, np.ones(length, dtype=np.float32))
+    assert_error(replies, code, rounds_done, _worker_peer(0))
     assert core.counters == {code.value: 1}
     assert core.status().pushes == []  # nothing stored
 
 
-def test_duplicate_push_is_refused_and_keeps_the_first_values() -> None:
+@pytest.mark.parametrize("worker", [0, 3, -1])
+def test_push_without_a_hello_is_refused_hello_first(worker: int) -> None:
+    core = make_core()
+    replies = push(core, worker, pull_next=True, session=False)
+    assert_error(replies, ErrorCode.HELLO_FIRST, 0, _worker_peer(worker))
+    assert core.counters == {ErrorCode.HELLO_FIRST.value: 1}
+    assert core.status().pushes == [] and core.parked == {}
+
+
+@pytest.mark.parametrize("worker", [1, 3, -1])
+def test_push_as_another_worker_than_the_hello_is_forbidden(worker: int) -> None:
+    core = make_core()
+    greet(core, _worker_peer(worker), "worker", 0)  # this peer is worker 0
+    replies = push(core, worker, pull_next=True, session=False)
+    error = assert_error(replies, ErrorCode.FORBIDDEN, 0, _worker_peer(worker))
+    assert f"worker {worker}" in error.message
+    assert core.counters == {ErrorCode.FORBIDDEN.value: 1}
+    assert core.status().pushes == [] and core.parked == {}
+
+
+def test_push_from_an_evaluator_session_is_forbidden() -> None:
+    core = make_core()
+    greet(core, _worker_peer(0), "evaluator", -1)
+    assert_error(push(core, 0, session=False), ErrorCode.FORBIDDEN, 0, _worker_peer(0))
+    assert core.status().pushes == []
+
+
+def test_repeated_push_is_acked_again_and_keeps_the_first_values() -> None:
     core = make_core()
     push(core, 1, values=np.full(5, 7.0, dtype=np.float32))
-    replies = push(core, 1, values=np.full(5, -1.0, dtype=np.float32))
-    assert_error(replies, ErrorCode.DUPLICATE, 0, _worker_peer(1))
-    assert core.counters == {ErrorCode.DUPLICATE.value: 1}
+    reply = only(push(core, 1, values=np.full(5, -1.0, dtype=np.float32)))
+    assert reply.header == Ack(round=0, worker=1)
+    assert core.counters == {REPEATED_PUSH: 1}
+    assert core.status().pushes == [1]
     np.testing.assert_array_equal(core.state.grads[1], np.full(5, 7.0))
+
+
+def test_repeated_pull_next_push_stays_parked_once_and_gets_one_reply() -> None:
+    core = make_core()
+    assert push(core, 0, pull_next=True) == []
+    assert push(core, 0, pull_next=True) == []
+    assert len(core.parked) == 1
+    push(core, 1)
+    replies = push(core, 2)
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(only(replies[1:]), 1, expected, _worker_peer(0))
+    assert core.counters == {REPEATED_PUSH: 1}
+
+
+def test_repeated_push_of_a_kept_past_round_is_answered_from_history() -> None:
+    core = make_core()
+    run_rounds(core, 1)
+    after_0 = core.state.params.copy()
+    run_rounds(core, 1)
+    assert only(push(core, 0, round_=0)).header == Ack(round=0, worker=0)
+    # a restarted worker (another peer) asks for the round after its push again
+    greet(core, b"worker-0-restarted", "worker", 0)
+    header = Push(round=0, worker=0, length=5, pull_next=True)
+    replies = core.handle(message(header, np.ones(5, dtype=np.float32),
+                                  b"worker-0-restarted"), 0.0)
+    assert_params(only(replies), 1, after_0, b"worker-0-restarted")
+    assert core.counters == {REPEATED_PUSH: 2}
+    assert core.state.round == 2 and core.status().pushes == []  # nothing stored
+
+
+def test_repeated_push_of_the_last_round_after_the_run_finished_gets_the_final_params(
+) -> None:
+    core = make_core()
+    run_rounds(core, 4)
+    assert_params(only(push(core, 1, round_=3, pull_next=True)), 4, core.state.params,
+                  _worker_peer(1))
+    assert core.counters == {REPEATED_PUSH: 1}
+
+
+def test_push_of_a_round_no_longer_kept_is_stale() -> None:
+    core = make_core(cfg=LONG)
+    for _ in range(6):  # keeps rounds 3..6
+        for w in range(3):
+            push(core, w)
+    assert only(push(core, 0, round_=2)).header == Ack(round=2, worker=0)  # 3 is kept
+    assert_error(push(core, 0, round_=1), ErrorCode.STALE_ROUND, 6, _worker_peer(0))
+    assert core.counters == {REPEATED_PUSH: 1, ErrorCode.STALE_ROUND.value: 1}
 
 
 def test_refused_push_with_pull_next_is_not_parked() -> None:
     core = make_core()
     assert_error(push(core, 0, round_=1, pull_next=True), ErrorCode.WRONG_ROUND, 0,
                  _worker_peer(0))
-    assert core.parked == []
+    assert core.parked == {}
 
 
 def test_push_refused_because_the_park_is_full_is_not_stored(
@@ -300,12 +396,23 @@ def test_push_refused_because_the_park_is_full_is_not_stored(
     core = make_core()
     push(core, 0, pull_next=True)
     push(core, 1, pull_next=True)
-    assert_error(push(core, 2, pull_next=True), ErrorCode.UNEXPECTED, 0, _worker_peer(2))
+    assert_error(push(core, 2, pull_next=True), ErrorCode.BUSY, 0, _worker_peer(2))
+    assert core.counters == {ErrorCode.BUSY.value: 1}
     # refused, so worker 2 may push again (here without asking for the next round)
     assert core.status().pushes == [0, 1]
     replies = push(core, 2)
     assert replies[0].header == Ack(round=0, worker=2)
-    assert core.state.round == 1
+    assert sorted(r.envelope[0] for r in replies[1:]) == [_worker_peer(0), _worker_peer(1)]
+    assert core.state.round == 1 and core.parked == {}
+
+
+def test_pull_next_push_of_a_peer_already_waiting_for_two_rounds_is_busy() -> None:
+    core = make_core()
+    peer = _worker_peer(0)
+    assert pull(core, 2, peer=peer, worker=0) == []
+    assert pull(core, 3, peer=peer, worker=0) == []
+    assert_error(push(core, 0, pull_next=True), ErrorCode.BUSY, 0, peer)
+    assert core.status().pushes == []  # not stored
 
 
 # -- PULL ----------------------------------------------------------------------------
@@ -332,7 +439,7 @@ def test_pull_of_a_future_round_is_parked_until_that_round_exists() -> None:
     replies = push(core, 2)
     assert replies[0].header == Ack(round=1, worker=2)
     assert_params(only(replies[1:]), 2, core.state.params, b"early")
-    assert core.parked == []
+    assert core.parked == {}
 
 
 def test_pull_of_a_round_no_longer_kept_is_stale() -> None:
@@ -346,19 +453,188 @@ def test_pull_of_a_round_no_longer_kept_is_stale() -> None:
 def test_pull_past_the_last_round_is_wrong_round(round_: int) -> None:
     core = make_core()
     assert_error(pull(core, round_), ErrorCode.WRONG_ROUND, 0, b"reader")
-    assert core.parked == []
+    assert core.parked == {}
     assert core.counters == {ErrorCode.WRONG_ROUND.value: 1}
 
 
-def test_parked_pulls_beyond_the_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parked_pulls_beyond_the_limit_are_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server.core, "MAX_PARKED", 3)
     core = make_core()
     for i in range(3):
         assert pull(core, 1, peer=b"p%d" % i) == []
-    assert_error(pull(core, 1, peer=b"p3"), ErrorCode.UNEXPECTED, 0, b"p3")
-    assert core.counters == {ErrorCode.UNEXPECTED.value: 1}
+    assert_error(pull(core, 1, peer=b"p3"), ErrorCode.BUSY, 0, b"p3")
+    assert core.counters == {ErrorCode.BUSY.value: 1}
     assert len(core.parked) == 3
     assert_params(only(pull(core, 0, peer=b"p4")), 0, SHARD, b"p4")  # not parked: fine
+    run_rounds(core, 1)  # releases the three
+    assert core.parked == {}
+    assert pull(core, 2, peer=b"p3") == []  # room again
+
+
+def test_a_peer_may_wait_for_at_most_two_rounds() -> None:
+    core = make_core()
+    assert pull(core, 1, peer=b"early") == []
+    assert pull(core, 2, peer=b"early") == []
+    assert_error(pull(core, 3, peer=b"early"), ErrorCode.BUSY, 0, b"early")
+    assert core.counters == {ErrorCode.BUSY.value: 1}
+    assert pull(core, 3, peer=b"other") == []  # the limit is per peer
+    run_rounds(core, 1)  # answers round 1: room for one more
+    assert pull(core, 3, peer=b"early") == []
+    assert len(core.parked) == 3
+
+
+def test_repeated_pull_of_a_parked_round_replaces_it_without_growing() -> None:
+    core = make_core()
+    assert pull(core, 1, peer=b"early") == []
+    assert pull(core, 2, peer=b"early") == []
+    assert pull(core, 1, peer=b"early") == []  # the per-peer limit is reached: no error
+    assert len(core.parked) == 2 and core.counters == {}
+    replies = [r for _ in range(2) for r in run_rounds_replies(core)]
+    params = [r for r in replies if isinstance(r.header, Params)]
+    assert [r.header.round for r in params] == [1, 2]  # each answered once
+    assert core.parked == {}
+
+
+def test_pull_without_a_hello_is_refused_hello_first() -> None:
+    core = make_core()
+    replies = core.handle(message(Pull(round=1, worker=-1), peer=b"stranger"), 0.0)
+    assert_error(replies, ErrorCode.HELLO_FIRST, 0, b"stranger")
+    assert core.parked == {} and core.counters == {ErrorCode.HELLO_FIRST.value: 1}
+
+
+# -- sessions and keys --------------------------------------------------------------
+
+
+def keyed(core: ServerCore, header: Header, identity: Identity, peer: bytes,
+          tensor: np.ndarray | None = None) -> list[Reply]:
+    """``header`` sent by ``peer`` over a connection authenticated with ``identity``."""
+    return core.handle(message(header, tensor, peer, identity), 0.0)
+
+
+def test_a_worker_key_can_neither_hello_nor_push_as_another_worker() -> None:
+    core = make_core()
+    key = Identity("worker", 1)
+    as_2 = Hello(role="worker", worker=2, config_hash=CFG.config_hash, config=CFG.to_dict())
+    assert_error(keyed(core, as_2, key, b"w1"), ErrorCode.FORBIDDEN, 0, b"w1")
+    as_1 = replace(as_2, worker=1)
+    assert isinstance(only(keyed(core, as_1, key, b"w1")).header, Welcome)
+    replies = keyed(core, Push(round=0, worker=2, length=5), key, b"w1", grad(2))
+    assert_error(replies, ErrorCode.FORBIDDEN, 0, b"w1")
+    assert core.counters == {ErrorCode.FORBIDDEN.value: 2}
+    assert core.status().pushes == []
+    replies = keyed(core, Push(round=0, worker=1, length=5), key, b"w1", grad(1))
+    assert only(replies).header == Ack(round=0, worker=1)
+
+
+def test_a_flood_of_hellos_as_one_worker_keeps_four_sessions_and_still_serves_it() -> None:
+    core = make_core()
+    real = _worker_peer(1)
+    assert push(core, 1, pull_next=True) == []  # waits for round 1
+    for i in range(50):
+        greet(core, b"impostor-%d" % i, "worker", 1)
+    assert len(core.sessions) == MAX_SESSIONS_PER_PRINCIPAL
+    assert (real,) not in core.sessions
+    assert core.parked == {} and not core.parked_per_peer  # the evicted peer's wait dropped
+    assert_error(push(core, 1, session=False), ErrorCode.HELLO_FIRST, 0, real)
+    # the worker says HELLO again (as its client does) and repeats its push
+    assert push(core, 1, pull_next=True) == []
+    push(core, 0)
+    replies = push(core, 2)
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(only(replies[1:]), 1, expected, real)
+    assert len(core.sessions) == MAX_SESSIONS_PER_PRINCIPAL + 2  # workers 0 and 2
+
+
+def test_an_evicted_evaluator_loses_its_parked_pulls_and_reader_mark() -> None:
+    core = make_core()
+    assert pull(core, 2, peer=EVALUATOR) == []
+    assert (EVALUATOR,) in core.readers_waiting
+    for i in range(MAX_SESSIONS_PER_PRINCIPAL):
+        greet(core, b"evaluator-%d" % i, "evaluator", -1)
+    assert (EVALUATOR,) not in core.sessions
+    assert (EVALUATOR,) not in core.readers_waiting
+    assert core.parked == {}
+
+
+# -- internal errors -----------------------------------------------------------------
+
+
+def test_an_exception_while_handling_is_answered_internal_and_the_core_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    core = make_core()
+    params_at = core.state.params_at
+    calls: list[int] = []
+
+    def failing_once(round_: int) -> np.ndarray | None:
+        calls.append(round_)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return params_at(round_)
+
+    monkeypatch.setattr(core.state, "params_at", failing_once)
+    with caplog.at_level(logging.ERROR, logger="ps.server"):
+        error = assert_error(pull(core, 0), ErrorCode.INTERNAL, 0, b"reader")
+    assert "RuntimeError: a bug" in error.message
+    assert core.counters == {ErrorCode.INTERNAL.value: 1}
+    assert any("internal error" in r.getMessage() for r in caplog.records)
+    assert_params(only(pull(core, 0)), 0, SHARD, b"reader")
+    run_rounds(core, 4)
+    assert core.state.finished and core.counters == {ErrorCode.INTERNAL.value: 1}
+
+
+# -- faults inside the core: what a failure in one step must not break ---------------
+
+
+def test_a_round_whose_aggregation_raised_once_is_aggregated_after_a_retry() -> None:
+    core = make_core()
+    rule = core.state.rule
+    calls: list[int] = []
+
+    def failing_once(grads: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient")
+        return rule(grads)
+
+    failing_once.last_info = {}  # type: ignore[attr-defined]
+    core.state.rule = failing_once  # type: ignore[assignment]
+    push(core, 0)
+    push(core, 1)
+    assert_error(push(core, 2), ErrorCode.INTERNAL, 0, _worker_peer(2))
+    push(core, 2)  # the worker retries its push
+    core.tick(0.0)
+    assert core.state.round == 1
+
+
+def test_parked_pulls_are_answered_even_if_writing_the_metrics_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core = make_core()
+    assert push(core, 0, pull_next=True) == []
+
+    def disk_full(record: dict) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(core.metrics, "write", disk_full)
+    push(core, 1)
+    replies = push(core, 2)
+    replies += push(core, 2)  # a retry after an ERROR reply
+    assert any(r.envelope == [_worker_peer(0)] for r in replies)
+    assert core.parked == {}
+
+
+def test_push_of_a_negative_round_is_refused() -> None:
+    core = make_core()
+    assert isinstance(only(push(core, 0, round_=-1)).header, Error)
+
+
+def test_pull_next_push_for_a_round_the_peer_already_waits_for_is_not_busy() -> None:
+    core = make_core()
+    peer = _worker_peer(0)
+    assert pull(core, 1, peer=peer, worker=0) == []
+    assert pull(core, 2, peer=peer, worker=0) == []
+    assert push(core, 0, pull_next=True) == []
 
 
 # -- STATUS --------------------------------------------------------------------------
@@ -369,11 +645,11 @@ def test_status_reports_round_pushes_and_counters() -> None:
     run_rounds(core, 1)
     push(core, 2)
     push(core, 0)
-    push(core, 0)  # duplicate
-    reply = only(core.handle(message(Status(), peer=b"monitor"), 0.0))
+    push(core, 0)  # repeated
+    reply = only(core.handle(message(Status(), peer=b"monitor"), 0.0))  # needs no HELLO
     assert reply.envelope == [b"monitor"]
     assert reply.header == StatusReply(shard=0, round=1, rounds=4, finished=False,
-                                       pushes=[0, 2], counters={"duplicate": 1})
+                                       pushes=[0, 2], counters={REPEATED_PUSH: 1})
 
 
 def test_status_of_a_finished_run() -> None:
@@ -550,7 +826,9 @@ def test_restore_resumes_at_the_checkpoint_round_with_its_params() -> None:
     assert isinstance(welcome, Welcome) and welcome.round == 2
     assert_params(only(pull(core, 2)), 2, params, b"reader")
     assert_error(pull(core, 1), ErrorCode.STALE_ROUND, 2, b"reader")
-    assert_error(push(core, 0, round_=1), ErrorCode.STALE_ROUND, 2, _worker_peer(0))
+    # every worker pushed round 1 (it was complete before the checkpoint): a repeat
+    assert only(push(core, 0, round_=1)).header == Ack(round=1, worker=0)
+    assert_error(push(core, 0, round_=0), ErrorCode.STALE_ROUND, 2, _worker_peer(0))
     run_rounds(core, 1)
     np.testing.assert_allclose(core.state.params,
                                expected_after(params, [grad(w, 2) for w in range(3)]))

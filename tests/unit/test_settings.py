@@ -116,7 +116,7 @@ def test_child_argv_parses_back_to_the_same_settings(role: str, tmp_path: Path) 
     cluster = Cluster(ClusterSpec(cfg=CFG, attack=attack, out_dir=tmp_path))
     ready = tmp_path / "ready"
     argv = {SERVER: lambda: cluster.server_argv(1, ready),
-            PROXY: lambda: cluster.proxy_argv("tcp://s:1", ready),
+            PROXY: lambda: cluster.proxy_argv(0, "tcp://s:1", ready),
             WORKER: lambda: cluster.worker_argv(2, ["tcp://a:1", "tcp://b:2"]),
             EVALUATOR: lambda: cluster.evaluator_argv(["tcp://a:1", "tcp://b:2"])}[role]()
     command = COMMANDS[role].build_command()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
-from common.protocol import ErrorCode
-from server.shard import HISTORY_ROUNDS, Refused, ShardState
+from common.protocol import ErrorCode, Refused
+from server.shard import HISTORY_ROUNDS, ShardState
 
 
 def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5) -> ShardState:

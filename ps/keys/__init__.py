@@ -1,0 +1,1 @@
+"""``ps-keys``: the CURVE keys of a run."""

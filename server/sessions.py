@@ -1,0 +1,116 @@
+"""Who may do what on a server: the peers that said HELLO, bounded per principal and in total.
+
+A peer (a routing envelope) must HELLO with the run's settings before it may PUSH or
+PULL; the HELLO opens a session that binds the peer to its role and worker id, so a
+session opened as worker i can push only as worker i. With CURVE keys the HELLO itself
+must match the key that authenticated the connection (:func:`check_claim`); a proxy's
+key may relay the HELLOs of the workers behind it.
+
+The table is bounded twice, so no peer can fill it for the others: each principal (the
+authenticated key, the role and the worker id claimed) keeps at most
+``MAX_SESSIONS_PER_PRINCIPAL`` sessions, its oldest going first (a worker that
+reconnects gets a new routing id each time); and all principals together at most
+``MAX_SESSIONS``, the least recently used going first. An evicted peer is told to HELLO
+again (``hello-first``), which the client does by itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.keys import Identity
+from common.protocol import ErrorCode, Header, Hello, Pull, Push, Refused, Status
+
+if TYPE_CHECKING:
+    from common.transport import Peer
+
+MAX_SESSIONS = 1024
+MAX_SESSIONS_PER_PRINCIPAL = 4
+
+
+@dataclass(frozen=True)
+class Session:
+    """A peer's HELLO: its role and worker id, and the key it authenticated with."""
+
+    role: str
+    worker: int
+    identity: Identity | None
+
+    @property
+    def principal(self) -> tuple[str | None, str, int]:
+        return (self.identity.name if self.identity else None, self.role, self.worker)
+
+
+def check_claim(identity: Identity | None, header: Header) -> None:
+    """Refuse (FORBIDDEN) what the key ``identity`` may not send; None: no keys in use.
+
+    A worker key may HELLO and PUSH only as its own worker id; the evaluator key may
+    HELLO as the evaluator, PULL and ask STATUS; a proxy key relays for anybody.
+    """
+    if identity is None or identity.role == "proxy":
+        return
+    if isinstance(header, Hello):
+        claimed = Identity("worker", header.worker) if header.role == "worker" else None
+        allowed = claimed == identity or (identity.role == "evaluator"
+                                          and header.role in ("evaluator", "monitor"))
+        if not allowed:
+            raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot say HELLO "
+                          f"as {header.role} {header.worker}")
+    elif isinstance(header, Push):
+        if identity != Identity("worker", header.worker):
+            raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot push as "
+                          f"worker {header.worker}")
+    elif not isinstance(header, (Pull, Status)):
+        raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot send "
+                      f"{header.op.name}")
+
+
+class Sessions:
+    """The open sessions of one server, bounded; least recently used first out."""
+
+    def __init__(self, limit: int = MAX_SESSIONS,
+                 per_principal: int = MAX_SESSIONS_PER_PRINCIPAL) -> None:
+        self.limit = limit
+        self.per_principal = per_principal
+        self._by_peer: OrderedDict[Peer, Session] = OrderedDict()
+        self._by_principal: dict[tuple, list[Peer]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_peer)
+
+    def __contains__(self, peer: Peer) -> bool:
+        return peer in self._by_peer
+
+    def open(self, peer: Peer, session: Session) -> list[Peer]:
+        """Open (or renew) ``peer``'s session; the peers evicted to make room."""
+        evicted = []
+        if peer in self._by_peer:
+            self._drop(peer)
+        peers = self._by_principal.setdefault(session.principal, [])
+        while len(peers) >= self.per_principal:
+            evicted.append(peers[0])
+            self._drop(peers[0])
+        while len(self._by_peer) >= self.limit:
+            oldest = next(iter(self._by_peer))
+            evicted.append(oldest)
+            self._drop(oldest)
+        self._by_peer[peer] = session
+        self._by_principal.setdefault(session.principal, []).append(peer)
+        return evicted
+
+    def require(self, peer: Peer) -> Session:
+        """``peer``'s session (marked as recently used); HELLO_FIRST if it has none."""
+        session = self._by_peer.get(peer)
+        if session is None:
+            raise Refused(ErrorCode.HELLO_FIRST, "send HELLO (with the run's settings) first")
+        self._by_peer.move_to_end(peer)
+        return session
+
+    def _drop(self, peer: Peer) -> None:
+        session = self._by_peer.pop(peer)
+        peers = self._by_principal[session.principal]
+        peers.remove(peer)
+        if not peers:
+            del self._by_principal[session.principal]
