@@ -2,7 +2,8 @@
 
 Messages are built as the transport would hand them over: a worker's request on the
 ROUTER front and the server's reply on the DEALER back both carry the worker's
-envelope (``[b"w<i>"]``) in front of the empty delimiter.
+envelope (``[b"w<i>"]``) in front of the empty delimiter. The core's idea of the
+server's round starts at the WELCOME's (0 here unless said) and follows the replies.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from common.protocol import (
     split_envelope,
 )
 from common.transport import Incoming
+from ps.proxy import core as proxy_core
 from ps.proxy.core import Outgoing, ProxyCore
 from ps.proxy.corruption import ShardCorruptor
 
@@ -57,8 +59,9 @@ def attack(**given: Any) -> AttackConfig:
     return AttackConfig.build(proxy_shards=(1,), **given).validate(CFG)
 
 
-def make_core(attack_cfg: AttackConfig, metrics: JsonlWriter | None = None) -> ProxyCore:
-    return ProxyCore(CFG, attack_cfg, WELCOME, metrics)
+def make_core(attack_cfg: AttackConfig, metrics: JsonlWriter | None = None,
+              welcome: Welcome = WELCOME) -> ProxyCore:
+    return ProxyCore(CFG, attack_cfg, welcome, metrics)
 
 
 def reference(attack_cfg: AttackConfig) -> ShardCorruptor:
@@ -78,30 +81,40 @@ def _size(frames: Sequence[Any]) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
 
-def incoming(envelope: list[bytes], header: Header, tensor: np.ndarray | None = None) -> Incoming:
-    """A decoded message behind ``envelope`` (front: from a worker; back: from the server)."""
+def incoming(envelope: list[bytes], header: Header, tensor: np.ndarray | None = None,
+             identity: Identity | None = None) -> Incoming:
+    """A decoded message behind ``envelope`` (front: from a worker; back: from the server),
+    sent with the key of ``identity`` (None: no keys in use)."""
     body = encode(header, tensor)
     frames = [*envelope, b"", *body]
     return Incoming(envelope=list(envelope), message=decode(body), error=None, frames=frames,
-                    size=_size(frames))
+                    size=_size(frames), identity=identity)
 
 
-def garbage(envelope: list[bytes]) -> Incoming:
-    """Frames that could not be decoded."""
+def garbage(envelope: list[bytes], error: ProtocolError | None = None) -> Incoming:
+    """Frames that could not be decoded (``error``: what the decoder said)."""
     frames = [*envelope, b"garbage"]
-    return Incoming(envelope=list(envelope), message=None, error=ProtocolError("x"),
+    return Incoming(envelope=list(envelope), message=None, error=error or ProtocolError("x"),
                     frames=frames, size=_size(frames))
 
 
 def grad(worker: int, round_: int = 0) -> np.ndarray:
-    """Worker ``worker``'s gradient shard for ``round_`` (deterministic, finite)."""
-    rng = np.random.default_rng([round_, worker])
+    """Worker ``worker``'s gradient shard for ``round_`` (deterministic, finite; invalid
+    ids and rounds, which are negative, included)."""
+    rng = np.random.default_rng([abs(round_), abs(worker)])
     return rng.standard_normal(LENGTH).astype(np.float32)
 
 
-def push(worker: int, round_: int = 0, pull_next: bool = False) -> Incoming:
-    header = Push(round=round_, worker=worker, length=LENGTH, pull_next=pull_next)
-    return incoming(env(worker), header, grad(worker, round_))
+def push(worker: int, round_: int = 0, pull_next: bool = False, *, length: int = LENGTH,
+         identity: Identity | None = None) -> Incoming:
+    """Worker ``worker``'s push (``length`` values: other than LENGTH, the wrong size)."""
+    header = Push(round=round_, worker=worker, length=length, pull_next=pull_next)
+    return incoming(env(worker), header, np.resize(grad(worker, round_), length), identity)
+
+
+def server_says(header: Header) -> Incoming:
+    """The server's reply without a payload (ACK, ERROR), routed back to worker 2."""
+    return incoming(env(2), header)
 
 
 def params_values(round_: int) -> np.ndarray:
@@ -135,6 +148,23 @@ def forward_all(core: ProxyCore, pushes: Sequence[Incoming]) -> list[Outgoing]:
     for p in pushes:
         out += core.from_worker(p)
     return out
+
+
+def assert_refused(out: list[Outgoing], code: ErrorCode, round_: int = 0,
+                   envelope: list[bytes] | None = None) -> None:
+    """``out`` is only an ERROR ``code`` back to the sender, stating the server's round."""
+    assert len(out) == 1 and not out[0].to_server
+    got_envelope, header, tensor = sent(out[0])
+    assert isinstance(header, Error) and tensor is None, header
+    assert (header.code, header.round) == (code.value, round_), header
+    if envelope is not None:
+        assert got_envelope == envelope
+
+
+def assert_relayed_unchanged(out: list[Outgoing], msg: Incoming) -> None:
+    """``out`` is ``msg``, byte for byte, on its way to the server."""
+    assert len(out) == 1 and out[0].to_server
+    assert as_bytes(out[0].frames) == as_bytes(msg.frames)
 
 
 # --------------------------------------------------------------------------- gambler
@@ -204,25 +234,27 @@ def test_omniscient_writes_one_metrics_line_per_round(tmp_path) -> None:
     metrics = JsonlWriter(tmp_path / "p.jsonl")
     core = make_core(attack(**OMNISCIENT), metrics)
     forward_all(core, [push(w) for w in range(N)])
+    assert_refused(core.from_worker(garbage(env(1))), ErrorCode.MALFORMED, round_=1)
+    forward_all(core, [push(w, round_=1) for w in range(N)])
     metrics.close()
-    (line,) = read_jsonl(tmp_path / "p.jsonl")
-    assert line["round"] == 0
-    assert line["pushes"] == N
-    assert line["corrupted_values"] == 2 * LENGTH
-    assert line["errors"] == 0
+    lines = read_jsonl(tmp_path / "p.jsonl")
+    assert [line["round"] for line in lines] == [0, 1]
+    assert [line["pushes"] for line in lines] == [N, N]
+    assert [line["corrupted_values"] for line in lines] == [2 * LENGTH, 2 * LENGTH]
+    assert [line["errors"] for line in lines] == [0, 1]  # refusals so far
 
 
 def test_omniscient_drops_held_pushes_of_an_older_round_when_a_newer_one_is_released() -> None:
     core = make_core(attack(**OMNISCIENT))
     forward_all(core, [push(0, round_=0), push(1, round_=0)])
-    core.from_server(incoming(env(1), Ack(round=1, worker=1)))  # the server is at round 1
+    core.from_server(server_says(Ack(round=1, worker=2)))  # the server is at round 1
     forward_all(core, [push(3, round_=2)])
     assert set(core.tables.held) == {0, 2}
     out = forward_all(core, [push(w, round_=1) for w in range(N)])
     assert [sent(o)[1].round for o in out] == [1] * N
     assert set(core.tables.held) == {2}  # round 0 can no longer complete; round 2 still can
     assert set(core.tables.held[2]) == {3}
-    assert_refused(core.from_worker(push(0, round_=4)), ErrorCode.WRONG_ROUND)
+    assert_refused(core.from_worker(push(0, round_=4)), ErrorCode.WRONG_ROUND, round_=2)
 
 
 # --------------------------------------------------------------------------- gaussian
@@ -311,12 +343,6 @@ def test_params_are_relayed_byte_identical_without_corrupt_params(given: dict[st
 # --------------------------------------------------------------------------- relaying
 
 
-def test_undecodable_frames_from_a_worker_are_refused_by_the_proxy() -> None:
-    core = make_core(attack(**GAMBLER))
-    assert_refused(core.from_worker(garbage(env(1))), ErrorCode.MALFORMED)
-    assert core.counters["malformed"] == 1
-
-
 def test_undecodable_frames_from_the_server_go_to_the_worker_unchanged() -> None:
     core = make_core(attack(**GAMBLER))
     msg = garbage(env(1))
@@ -340,6 +366,202 @@ def test_requests_without_a_payload_are_relayed_unchanged(header: Header) -> Non
     assert core.from_worker(msg) == [Outgoing(True, msg.frames)]
 
 
+def test_a_proxy_without_attack_relays_every_push_unchanged() -> None:
+    core = make_core(attack(proxy_attack="none", corrupt_params=False))
+    for worker in range(N):
+        [out] = core.from_worker(push(worker, pull_next=True))
+        envelope, header, values = sent(out)
+        assert out.to_server and envelope == env(worker) and header.worker == worker
+        np.testing.assert_array_equal(values, grad(worker))
+    [reply] = core.from_server(params_reply(env(1), 1))
+    np.testing.assert_array_equal(sent(reply)[2], params_values(1))
+
+
+# --------------------------------------------------------------------------- refusals
+
+# What the server would refuse, the proxy answers itself with the server's code, before
+# corrupting or holding anything, and counts it.
+
+
+@pytest.mark.parametrize("error", [ProtocolError("x"), ProtocolError("big", ErrorCode.TOO_LARGE)],
+                         ids=["malformed", "too-large"])
+def test_undecodable_frames_from_a_worker_are_refused_with_the_decoders_code(
+    error: ProtocolError,
+) -> None:
+    core = make_core(attack(**GAMBLER))
+    assert_refused(core.from_worker(garbage(env(1), error)), error.code, envelope=env(1))
+    assert core.counters == {error.code.value: 1}
+
+
+@pytest.mark.parametrize("given", [GAMBLER, OMNISCIENT], ids=["gambler", "omniscient"])
+@pytest.mark.parametrize(("worker", "round_", "length", "code"), [
+    (-1, 0, LENGTH, ErrorCode.UNKNOWN_WORKER),
+    (N, 0, LENGTH, ErrorCode.UNKNOWN_WORKER),
+    (1, -1, LENGTH, ErrorCode.STALE_ROUND),
+    (1, CFG.rounds, LENGTH, ErrorCode.FINISHED),
+    (1, CFG.rounds + 1, LENGTH, ErrorCode.WRONG_ROUND),
+    (1, 2, LENGTH, ErrorCode.WRONG_ROUND),  # the server is at round 0: 2 is too far ahead
+    (1, 0, LENGTH - 1, ErrorCode.WRONG_LENGTH),
+    (1, 1, LENGTH + 1, ErrorCode.WRONG_LENGTH),
+], ids=["worker-minus-1", "worker-n", "round-minus-1", "round-rounds", "round-past-rounds",
+        "round-plus-2", "too-short", "too-long"])
+def test_a_push_the_server_would_refuse_is_refused_by_the_proxy(
+    given: dict[str, Any], worker: int, round_: int, length: int, code: ErrorCode,
+) -> None:
+    core = make_core(attack(**given))
+    msg = push(worker, round_, length=length)
+    assert_refused(core.from_worker(msg), code, envelope=env(worker))
+    assert core.counters == {code.value: 1}
+    assert not core.tables.held and not core.tables.tallies
+
+
+@pytest.mark.parametrize("identity", [Identity("worker", 1), Identity("evaluator")],
+                         ids=["another-worker", "evaluator"])
+def test_a_key_cannot_push_through_the_proxy_as_another_worker(identity: Identity) -> None:
+    core = make_core(attack(**OMNISCIENT))
+    assert_refused(core.from_worker(push(2, identity=identity)), ErrorCode.FORBIDDEN)
+    assert core.counters == {"forbidden": 1} and not core.tables.held
+
+
+@pytest.mark.parametrize("identity", [Identity("worker", 2), Identity("proxy", 1)],
+                         ids=["own-key", "proxy-key"])
+def test_a_push_under_a_key_that_may_send_it_is_relayed(identity: Identity) -> None:
+    a = attack(**GAMBLER)
+    core = make_core(a)
+    (out,) = core.from_worker(push(2, identity=identity))
+    assert out.to_server
+    expected, _ = reference(a).corrupt_push(0, 2, grad(2))
+    np.testing.assert_array_equal(bits(sent(out)[2]), bits(expected))
+    assert not core.counters
+
+
+def test_a_refused_push_leaves_the_held_round_to_complete() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    assert forward_all(core, [push(0), push(2), push(3)]) == []
+    assert_refused(core.from_worker(push(1, length=LENGTH - 1)), ErrorCode.WRONG_LENGTH)
+    assert set(core.tables.held[0]) == {0, 2, 3}
+    out = core.from_worker(push(1))
+    assert [sent(o)[1].worker for o in out] == list(range(N))
+
+
+def test_an_exception_while_handling_is_answered_internal_and_the_proxy_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = attack(**GAMBLER)
+    core = make_core(a)
+
+    def bug(*args: Any) -> Any:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(core.corruptor, "corrupt_push", bug)
+    assert_refused(core.from_worker(push(0)), ErrorCode.INTERNAL, envelope=env(0))
+    assert core.counters == {"internal": 1}
+    monkeypatch.undo()
+    (out,) = core.from_worker(push(0))
+    assert out.to_server
+    expected, _ = reference(a).corrupt_push(0, 0, grad(0))
+    np.testing.assert_array_equal(bits(sent(out)[2]), bits(expected))
+    assert core.counters == {"internal": 1}
+
+
+# --------------------------------------------------------------------------- the server's round
+
+
+@pytest.mark.parametrize("given", [GAMBLER, OMNISCIENT], ids=["gambler", "omniscient"])
+@pytest.mark.parametrize("told_by", ["welcome", "ack", "params"])
+def test_pushes_of_rounds_the_server_has_left_go_through_uncorrupted(
+    given: dict[str, Any], told_by: str,
+) -> None:
+    welcome = replace(WELCOME, round=2) if told_by == "welcome" else WELCOME
+    core = make_core(attack(**given), welcome=welcome)
+    if told_by == "ack":
+        core.from_server(server_says(Ack(round=2, worker=2)))
+    elif told_by == "params":
+        core.from_server(params_reply(env(2), 2))
+    assert core.round == 2
+    for round_ in (0, 1):  # the server answers these (repeats, stale): not held, not forged
+        for worker in range(N):
+            msg = push(worker, round_)
+            assert_relayed_unchanged(core.from_worker(msg), msg)
+    assert not core.tables.held and not core.counters
+
+
+def test_the_proxy_follows_the_round_the_servers_replies_state() -> None:
+    core = make_core(attack(**GAMBLER), welcome=replace(WELCOME, round=1))
+    assert core.round == 1
+    core.from_server(server_says(Ack(round=2, worker=2)))
+    assert core.round == 2
+    core.from_server(server_says(Ack(round=1, worker=2)))  # an older ACK says nothing new
+    core.from_server(params_reply(env(2), 1))
+    assert core.round == 2
+    error = server_says(Error(code="wrong-round", message="restarted", round=1))
+    assert core.from_server(error) == [Outgoing(False, error.frames)]
+    assert core.round == 1  # lower: the server restarted from a checkpoint
+
+
+def test_a_server_error_with_an_older_round_makes_the_proxy_corrupt_that_round_again() -> None:
+    a = attack(**GAMBLER)
+    core = make_core(a)
+    core.from_server(server_says(Ack(round=2, worker=2)))
+    stale = push(1, round_=0)
+    assert_relayed_unchanged(core.from_worker(stale), stale)
+    core.from_server(server_says(Error(code="wrong-round", message="", round=0)))
+    assert core.round == 0
+    (out,) = core.from_worker(push(1, round_=0))
+    assert out.to_server
+    expected, changed = reference(a).corrupt_push(0, 1, grad(1))
+    assert changed > 0
+    np.testing.assert_array_equal(bits(sent(out)[2]), bits(expected))
+    assert_refused(core.from_worker(push(1, round_=2)), ErrorCode.WRONG_ROUND)
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def test_held_pushes_are_only_of_the_servers_round_and_the_next() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    rounds = range(CFG.rounds)
+    assert forward_all(core, [push(w, 0) for w in range(N - 1)]) == []
+    for r in rounds:
+        assert core.round == r
+        if r + 1 in rounds:
+            assert forward_all(core, [push(w, r + 1) for w in range(N - 1)]) == []
+        too_far = r + 2
+        code = ErrorCode.FINISHED if too_far == CFG.rounds else ErrorCode.WRONG_ROUND
+        assert_refused(core.from_worker(push(0, too_far)), code, round_=r)
+        assert set(core.tables.held) == {r, r + 1} & set(rounds)
+        assert [sent(o)[1].round for o in core.from_worker(push(N - 1, r))] == [r] * N
+    assert not core.tables.held and core.round == CFG.rounds
+
+
+def test_reply_routes_are_bounded_the_oldest_forgotten_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(proxy_core, "MAX_ROUTES", 3)
+    a = attack(corrupt_params=True, **GAMBLER)
+    core = make_core(a)
+    peers = [[f"p{i}".encode()] for i in range(10)]
+    for i, peer in enumerate(peers):
+        (out,) = core.from_worker(incoming(peer, Pull(round=1, worker=i % N)))
+        assert out.to_server
+        assert len(core.tables.puller) <= 3
+    assert list(core.tables.puller) == [tuple(p) for p in peers[-3:]]
+    (newest,) = core.from_server(params_reply(peers[9], 1))  # for worker 9 % N == 1
+    expected, _ = reference(a).corrupt_params(1, 1, params_values(1))
+    np.testing.assert_array_equal(bits(sent(newest)[2]), bits(expected))
+    forgotten = params_reply(peers[0], 1)  # nobody to corrupt for: relayed as it came
+    (out,) = core.from_server(forgotten)
+    assert as_bytes(out.frames) == as_bytes(forgotten.frames)
+
+
+def test_params_for_a_pull_with_an_out_of_range_worker_are_relayed() -> None:
+    core = make_core(attack(corrupt_params=True, **BITFLIP))
+    core.from_worker(incoming(env(1), Pull(round=1, worker=N)))
+    reply = params_reply(env(1), 1)
+    (out,) = core.from_server(reply)
+    assert not out.to_server and as_bytes(out.frames) == as_bytes(reply.frames)
+
+
 # --------------------------------------------------------------------------- exit
 
 
@@ -355,93 +577,3 @@ def test_finished_after_the_n_acks_of_the_last_round() -> None:
         ack = incoming(env(worker), Ack(round=last, worker=worker))
         assert core.from_server(ack) == [Outgoing(False, ack.frames)]
     assert core.finished
-
-
-# --------------------------------------------------------------------------- bugs
-
-# What the server would refuse, the proxy refuses itself, with the server's code,
-# before corrupting or holding anything.
-
-
-def assert_refused(out: list[Outgoing], code: ErrorCode) -> None:
-    assert len(out) == 1 and not out[0].to_server
-    header = sent(out[0])[1]
-    assert isinstance(header, Error) and header.code == code.value, header
-
-
-@pytest.mark.parametrize(("given", "round_", "worker", "code"), [
-    (GAMBLER, 0, -1, ErrorCode.UNKNOWN_WORKER),
-    (GAMBLER, -1, 0, ErrorCode.STALE_ROUND),
-    (BITFLIP, 0, N, ErrorCode.UNKNOWN_WORKER),
-    (OMNISCIENT, 3, 0, ErrorCode.FINISHED),
-    (OMNISCIENT, 2, 0, ErrorCode.WRONG_ROUND),
-], ids=["gambler-worker-minus-1", "gambler-round-minus-1", "bitflip-worker-n",
-        "omniscient-finished", "omniscient-too-far-ahead"])
-def test_a_push_the_server_would_refuse_is_refused_by_the_proxy(
-    given: dict[str, Any], round_: int, worker: int, code: ErrorCode
-) -> None:
-    core = make_core(attack(**given))
-    header = Push(round=round_, worker=worker, length=LENGTH)
-    assert_refused(core.from_worker(incoming(env(1), header, grad(1))), code)
-    assert core.counters[code.value] == 1 and not core.tables.held
-
-
-def test_a_key_cannot_push_through_the_proxy_as_another_worker() -> None:
-    core = make_core(attack(**GAMBLER))
-    msg = replace(push(2), identity=Identity("worker", 1))
-    assert_refused(core.from_worker(msg), ErrorCode.FORBIDDEN)
-
-
-def test_an_exception_while_handling_is_answered_internal_and_the_proxy_goes_on(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    core = make_core(attack(**GAMBLER))
-    real = core.corruptor.corrupt_push
-    calls = []
-
-    def failing_once(*args: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("bug")
-        return real(*args)
-
-    monkeypatch.setattr(core.corruptor, "corrupt_push", failing_once)
-    assert_refused(core.from_worker(push(0)), ErrorCode.INTERNAL)
-    assert core.counters["internal"] == 1
-    (out,) = core.from_worker(push(1))
-    assert out.to_server
-
-
-def test_a_server_error_with_an_older_round_makes_the_proxy_corrupt_that_round_again() -> None:
-    core = make_core(attack(**GAMBLER))
-    core.from_server(incoming(env(1), Ack(round=2, worker=1)))
-    assert core.round == 2
-    core.from_server(incoming(env(1), Error(code="wrong-round", message="", round=0)))
-    assert core.round == 0
-    (out,) = core.from_worker(push(1, round_=0))
-    values, _ = reference(attack(**GAMBLER)).corrupt_push(0, 1, grad(1))
-    np.testing.assert_array_equal(bits(sent(out)[2]), bits(values))
-
-
-def test_a_held_round_with_a_push_of_the_wrong_length_does_not_crash() -> None:
-    core = make_core(attack(**OMNISCIENT))
-    short = incoming(env(1), Push(round=0, worker=1, length=LENGTH - 1), grad(1)[:-1])
-    forward_all(core, [push(0), short, push(2), push(3)])
-
-
-def test_params_for_a_pull_with_an_out_of_range_worker_do_not_crash() -> None:
-    core = make_core(attack(corrupt_params=True, **BITFLIP))
-    core.from_worker(incoming(env(1), Pull(round=1, worker=N)))
-    out = core.from_server(params_reply(env(1), 1))
-    assert len(out) == 1 and not out[0].to_server
-
-
-def test_a_proxy_without_attack_relays_every_push_unchanged() -> None:
-    core = make_core(attack(proxy_attack="none", corrupt_params=False))
-    for worker in range(N):
-        [out] = core.from_worker(push(worker, pull_next=True))
-        envelope, header, values = sent(out)
-        assert out.to_server and envelope == env(worker) and header.worker == worker
-        np.testing.assert_array_equal(values, grad(worker))
-    [reply] = core.from_server(params_reply(env(1), 1))
-    np.testing.assert_array_equal(sent(reply)[2], params_values(1))
