@@ -201,6 +201,10 @@ class ServerCore:
                 f"configuration hash {hello.config_hash} != server's {self.cfg.config_hash} "
                 f"(server vs peer: {detail})",
             )
+        if hello.role != "worker" and hello.worker != -1:
+            # the worker id is part of a session's principal: only workers choose one
+            raise Refused(ErrorCode.MALFORMED, f"a {hello.role} says HELLO with worker -1, "
+                          f"not {hello.worker}")
         if hello.role == "worker" and not 0 <= hello.worker < self.cfg.num_workers:
             raise Refused(
                 ErrorCode.UNKNOWN_WORKER,

@@ -897,3 +897,12 @@ def test_metrics_count_nonfinite_values_and_errors(tmp_path: Path) -> None:
     assert record["params_finite"] is False
     assert record["errors"] == 1
     assert np.isnan(core.state.params[2]) and np.isfinite(np.delete(core.state.params, 2)).all()
+
+
+def test_a_non_worker_cannot_claim_worker_ids_to_evict_the_workers_sessions() -> None:
+    core = make_core()
+    greet(core, _worker_peer(0), "worker", 0)
+    for i in range(20):
+        reply = only(hello(core, role="evaluator", worker=1000 + i, peer=f"e{i}".encode()))
+        assert isinstance(reply.header, Error) and reply.header.code == "malformed"
+    assert (_worker_peer(0),) in core.sessions
