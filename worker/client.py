@@ -102,7 +102,15 @@ class Link:
             self.welcomes_due += 1
 
     def send(self, frames: list) -> None:
-        self.socket.send_multipart([b"", *frames], copy=False)
+        """Send without blocking. A DEALER with no live connection (e.g. after a refused
+        handshake) would block; then the handshake is checked and, if it did not fail,
+        the request is left to the timeout and resend."""
+        try:
+            self.socket.send_multipart([b"", *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.check_handshake()
+            log.debug("%s: no connection to send on yet; the timeout will resend",
+                      self.endpoint)
 
     def receive(self) -> Message | None:
         """The next reply (None if it was a re-HELLO's WELCOME); ``ProtocolError`` if it

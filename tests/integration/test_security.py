@@ -32,7 +32,10 @@ def keyed_server(processes, tmp_path: Path, run_keys) -> tuple[str, Path]:
 
 
 def _ask(sock: zmq.Socket, header: Header, tensor: np.ndarray | None = None) -> Header | None:
-    sock.send_multipart([b"", *encode(header, tensor)])
+    try:
+        sock.send_multipart([b"", *encode(header, tensor)], flags=zmq.NOBLOCK)
+    except zmq.Again:  # no connection: the handshake was refused
+        return None
     if not sock.poll(5000):
         return None
     frames = sock.recv_multipart()
