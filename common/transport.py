@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ class Incoming:
     size: int
     identity: Identity | None = None  # the CURVE key that sent it (None: no keys in use)
 
-    @property
+    @cached_property
     def peer(self) -> Peer:
         return tuple(bytes(f) for f in self.envelope)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
@@ -129,8 +130,6 @@ class Link:
         """``PeerError`` if the CURVE handshake with the endpoint failed."""
         if self.monitor is None:
             return
-        from zmq.utils.monitor import recv_monitor_message
-
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)["event"]
             if event & HANDSHAKE_FAILED:

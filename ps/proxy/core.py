@@ -17,11 +17,12 @@ holds anything, and answers what the server would refuse itself: an undecodable
 message, a key pushing as another worker (``check_claim``), a worker id outside
 0..n-1, a round outside the run, a payload whose length is not the shard's. It holds
 pushes only of the rounds the server can take next (its current round and the one
-after, as the replies going back tell); older rounds go to the server uncorrupted (it
-answers them, as repeats or stale). Every table is bounded: held pushes by those two
-rounds, the reply routes by ``MAX_ROUTES`` (oldest out). Whatever a message makes the
-core raise is answered ``internal`` and counted, never fatal. The ZeroMQ loop around it
-is ``ps/proxy/node.py``.
+after, as the replies going back tell, an ERROR's round even when it goes back);
+older rounds go to the server uncorrupted (it answers them, as repeats or stale).
+Every table is bounded: held pushes by those two rounds, the reply routes by
+``MAX_ROUTES`` (oldest out). Whatever a message makes the core raise is answered
+``internal`` and counted, never fatal. The ZeroMQ loop around it is
+``ps/proxy/node.py``.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class ProxyCore:
         ordered = [held[i] for i in range(self.cfg.num_workers)]
         values, changed = self.corruptor.corrupt_round(round_, [h.values for h in ordered])
         self._tally(round_, changed, pushes=len(ordered))
-        self._advance(round_ + 1)
+        self._follow(round_ + 1)
         return [Outgoing(True, join_envelope(h.envelope, encode(h.header, v)))
                 for h, v in zip(ordered, values, strict=True)]
 
@@ -206,10 +207,10 @@ class ProxyCore:
         if msg is None:
             return [Outgoing(False, incoming.frames)]
         header = msg.header
-        if isinstance(header, Error):
-            self.round = header.round  # the server's current round (it may have restarted)
+        if isinstance(header, Error):  # the server's current round (it may have restarted)
+            self._follow(header.round, restarted=True)
         if isinstance(header, (Ack, Params)):
-            self._advance(header.round)
+            self._follow(header.round)
         if isinstance(header, Ack) and header.round == self.cfg.rounds - 1:
             self.final_acks += 1
         if isinstance(header, Params) and self.attack.corrupt_params:
@@ -221,14 +222,27 @@ class ProxyCore:
             return [Outgoing(False, join_envelope(incoming.envelope, encode(header, values)))]
         return [Outgoing(False, incoming.frames)]
 
-    def _advance(self, round_: int) -> None:
-        """The server is at ``round_`` or later: forget what only older rounds needed."""
-        if round_ <= self.round:
+    def _follow(self, round_: int, restarted: bool = False) -> None:
+        """The server is at ``round_``: forget what no push can complete any more.
+
+        Moving on, held pushes and tallies of older rounds (their pushes are relayed
+        now, not held). Moving back (``restarted``: an ERROR's round, the server resumed
+        from an older checkpoint), what was kept for later rounds, which belongs to the
+        server's previous life; the workers resend what it lost.
+        """
+        if round_ > self.round:
+            stale = [r for r in self.tables.held if r < round_]
+            gone = [r for r in self.tables.tallies if r < round_]
+        elif restarted and round_ < self.round:
+            stale = [r for r in self.tables.held if r > round_]
+            gone = [r for r in self.tables.tallies if r > round_]
+        else:
             return  # (an ACK or PARAMS of an older round says nothing new)
         self.round = round_
-        for table in (self.tables.held, self.tables.tallies):
-            for old in [r for r in table if r < round_ - 1]:
-                del table[old]  # rounds that can no longer complete here
+        for r in stale:
+            del self.tables.held[r]
+        for r in gone:
+            del self.tables.tallies[r]
 
     # -- metrics -----------------------------------------------------------------
 

@@ -244,17 +244,47 @@ def test_omniscient_writes_one_metrics_line_per_round(tmp_path) -> None:
     assert [line["errors"] for line in lines] == [0, 1]  # refusals so far
 
 
-def test_omniscient_drops_held_pushes_of_an_older_round_when_a_newer_one_is_released() -> None:
+def test_omniscient_drops_held_pushes_of_a_round_the_server_has_left() -> None:
     core = make_core(attack(**OMNISCIENT))
     forward_all(core, [push(0, round_=0), push(1, round_=0)])
     core.from_server(server_says(Ack(round=1, worker=2)))  # the server is at round 1
-    forward_all(core, [push(3, round_=2)])
-    assert set(core.tables.held) == {0, 2}
+    assert not core.tables.held  # round 0 can no longer complete here: its pushes are relayed
+    forward_all(core, [push(0, round_=0), push(3, round_=2)])
+    assert set(core.tables.held) == {2}
     out = forward_all(core, [push(w, round_=1) for w in range(N)])
     assert [sent(o)[1].round for o in out] == [1] * N
     assert set(core.tables.held) == {2}  # round 0 can no longer complete; round 2 still can
     assert set(core.tables.held[2]) == {3}
     assert_refused(core.from_worker(push(0, round_=4)), ErrorCode.WRONG_ROUND, round_=2)
+
+
+def test_held_pushes_never_span_more_than_the_current_and_the_next_round() -> None:
+    core = make_core(attack(**OMNISCIENT))
+    forward_all(core, [push(0, round_=0), push(1, round_=0)])
+    core.from_server(server_says(Ack(round=1, worker=2)))
+    forward_all(core, [push(0, round_=1), push(0, round_=2)])
+    assert set(core.tables.held) == {1, 2}
+
+
+def test_a_server_that_went_back_leaves_nothing_held_or_tallied_for_later_rounds(
+    tmp_path,
+) -> None:
+    metrics = JsonlWriter(tmp_path / "p.jsonl")
+    core = make_core(attack(**GAMBLER), metrics)
+    core.from_server(server_says(Ack(round=1, worker=2)))
+    forward_all(core, [push(0, round_=1), push(1, round_=1)])
+    core.from_server(server_says(Error(code="wrong-round", message="", round=0)))
+    assert core.round == 0 and set(core.tables.tallies) == set()
+    forward_all(core, [push(w, round_=0) for w in range(N)])
+    forward_all(core, [push(0, round_=1), push(1, round_=1)])
+    metrics.close()
+    lines = read_jsonl(tmp_path / "p.jsonl")
+    assert [line["round"] for line in lines] == [0]  # round 1 has 2 of 4 pushes, not 4
+    held = make_core(attack(**OMNISCIENT))
+    held.from_server(server_says(Ack(round=1, worker=2)))
+    forward_all(held, [push(0, round_=1), push(0, round_=2)])
+    held.from_server(server_says(Error(code="wrong-round", message="", round=0)))
+    assert set(held.tables.held) == set()
 
 
 # --------------------------------------------------------------------------- gaussian
