@@ -6,7 +6,9 @@
 #   * the evaluator reached the last round with top-1 >= PS_SMOKE_MIN_TOP1
 #     (default 0.5; chance is 0.1) under the attack;
 #   * each proxy corrupted values (corrupted_values summed over its rounds > 0);
-#   * every server wrote all its rounds and its final shard (checkpoint).
+#   * every server wrote all its rounds and its final shard (checkpoint);
+#   * worker-1, whose process is killed (kill -9) a third into the run, was restarted
+#     by its restart policy and the run still finished.
 # Everything is torn down on exit, failure and Ctrl-C included; on failure the
 # containers' states and log tails are printed. Exit 0 only when all checks pass.
 #
@@ -145,19 +147,33 @@ progress() {  # "round R" (+ " top-1 A") from the last line of a metrics file, o
     | sed -n 's/.*"round": *\([0-9]*\)[^}]*"top1": *\([0-9.]*\).*/round \1 top-1 \2/p; t; s/.*"round": *\([0-9]*\).*/round \1/p')"
   echo "${line:--}"
 }
+progress_round() {  # the last round number of a metrics file, 0 if none
+  local r
+  r="$(tail -n 1 "$1" 2>/dev/null | sed -n 's/.*"round": *\([0-9]*\).*/\1/p')"
+  echo "${r:-0}"
+}
 deadline=$((t_run + run_timeout_s))
 next_report=$(($(date +%s) + 15))
+killed=0
 while :; do
   mapfile -t ids < <("${compose[@]}" ps -a -q)
   [ "${#ids[@]}" -gt 0 ] || { echo "FAILED compose smoke: no containers" >&2; exit 1; }
-  states="$(docker inspect -f '{{.Name}} {{.State.Status}} {{.State.ExitCode}}' "${ids[@]}")"
-  failed="$(awk '$2 == "exited" && $3 != 0 {print substr($1, 2) " (exit " $3 ")"}' <<<"$states")"
+  states="$(docker inspect -f '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} {{.HostConfig.RestartPolicy.MaximumRetryCount}} {{.HostConfig.RestartPolicy.Name}}' "${ids[@]}")"
+  # exited non-zero for good: no restart policy, or its restarts used up
+  failed="$(awk '$2 == "exited" && $3 != 0 && ($6 == "no" || $4 >= $5) {print substr($1, 2) " (exit " $3 ")"}' <<<"$states")"
   if [ -n "$failed" ]; then
     echo "FAILED compose smoke: container(s) failed: $(tr '\n' ' ' <<<"$failed")" >&2
     exit 1
   fi
-  running="$(awk '$2 != "exited"' <<<"$states" | wc -l)"
+  running="$(awk '$2 != "exited" || ($3 != 0 && $6 != "no" && $4 < $5)' <<<"$states" | wc -l)"
   [ "$running" = 0 ] && break
+  if [ "$killed" = 0 ] && [ "$(progress_round "$PS_RUNS_DIR/server-0.jsonl")" -ge $((rounds / 3)) ]; then
+    victim="$("${compose[@]}" ps -q worker-1)"
+    pid="$(docker inspect -f '{{.State.Pid}}' "$victim")"
+    say "killing worker-1 (host pid $pid) at round $(progress_round "$PS_RUNS_DIR/server-0.jsonl")"
+    kill -9 "$pid"
+    killed=1
+  fi
   now=$(date +%s)
   if [ "$now" -ge "$deadline" ]; then
     echo "FAILED compose smoke: run not finished after ${run_timeout_s} s" \
@@ -172,6 +188,10 @@ while :; do
   sleep 2
 done
 run_s=$(elapsed "$t_run")
+[ "$killed" = 1 ] || { echo "FAILED compose smoke: the run ended before worker-1 was killed" >&2; exit 1; }
+restarts="$(docker inspect -f '{{.RestartCount}}' "$("${compose[@]}" ps -q worker-1)")"
+[ "$restarts" -ge 1 ] || { echo "FAILED compose smoke: worker-1 was not restarted" >&2; exit 1; }
+say "worker-1 was killed and restarted ($restarts restart(s)); the run finished"
 
 # --- 7. check the metrics on the host ----------------------------------------------
 result="$(python3 - "$PS_RUNS_DIR" "$env_file" "$min_top1" <<'PY'

@@ -25,9 +25,10 @@ def build_command() -> click.Command:
     def main(**values: Any) -> None:
         """Run one server node: aggregate shard SHARD of the model with the robust rule.
 
-        The node waits for the n workers' gradient shards of each round, aggregates
-        them coordinate-wise with --rule, updates its parameters and serves the next
-        round, for --rounds rounds.
+        The node waits for the n workers' gradient shards of each round (or, with
+        --round-timeout, for the --quorum that is in at the round's deadline),
+        aggregates them coordinate-wise with --rule, updates its parameters and serves
+        the next round, for --rounds rounds.
         """
         roles = COMMAND_ROLES[COMMAND]
         options = take(ServerOptions, values, roles)
@@ -40,6 +41,7 @@ def build_command() -> click.Command:
             if not options.shard < cfg.num_shards:
                 raise ConfigError(
                     f"--shard must be in 0..{cfg.num_shards - 1}, got {options.shard}")
+            options.check(cfg)
             from common.model_init import initial_parameters
             from server.node import serve
 

@@ -5,7 +5,10 @@ reason it could not be) and returns the replies to send, each to the envelope it
 names; ``done(now)`` says when the node may exit. The core owns everything a node
 decides:
 
-* the shard's state and round step (``ShardState``);
+* the shard's state and round step (``ShardState``), and the round deadline: with
+  ``--round-timeout`` a round closes that long after its first push with the pushes
+  that are in, if at least the quorum K (else it waits for the K-th and logs why once);
+  a push that comes after its round closed is answered ``stale-round``;
 * the HELLO check of the run settings, and the sessions it opens: who may push as which
   worker (``server/sessions.py``), checked against the CURVE key of each message;
 * PULLs and ``pull_next`` pushes parked until their round exists: at most one per peer
@@ -106,6 +109,9 @@ class ServerCore:
         self.readers_waiting: set[Peer] = set()
         self.bytes_in = 0
         self.finished_at: float | None = None
+        self.quorum = options.rows_needed(cfg)
+        self.round_opened: float | None = None  # when the current round's first push came
+        self.waiting_logged = -1  # the round whose wait past its deadline was logged
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -143,10 +149,41 @@ class ServerCore:
         return Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params)
 
     def tick(self, now: float) -> list[Reply]:
-        """Time-driven work; marks the run finished once its last round is done."""
+        """Time-driven work: closes a round at its deadline; marks the run finished once
+        its last round is done."""
         if self.state.finished and self.finished_at is None:
             self.finished_at = now
-        return []
+        if not self._may_close(now):
+            return []
+        try:
+            return self._finish_round(now)
+        except Exception:  # the rule raised: the round stays open, tried again later
+            self.counters[ErrorCode.INTERNAL.value] += 1
+            log.exception("closing round %d failed", self.state.round)
+            return []
+
+    def deadline(self) -> float | None:
+        """When the current round may close without all n pushes (None: it may not)."""
+        timeout = self.options.round_timeout_s
+        if timeout is None or self.round_opened is None or self.state.finished:
+            return None
+        return self.round_opened + timeout
+
+    def _may_close(self, now: float) -> bool:
+        """The round is complete, or past its deadline with a quorum the rule can take."""
+        state = self.state
+        if state.complete:
+            return True
+        deadline = self.deadline()
+        if deadline is None or now < deadline:
+            return False
+        if state.pushes >= self.quorum:
+            return True
+        if self.waiting_logged != state.round:
+            self.waiting_logged = state.round
+            log.warning("round %d is past its deadline with %d pushes; waiting for the "
+                        "quorum of %d", state.round, state.pushes, self.quorum)
+        return False
 
     # -- messages ----------------------------------------------------------------
 
@@ -210,11 +247,13 @@ class ServerCore:
                 ErrorCode.UNKNOWN_WORKER,
                 f"worker {hello.worker} is not in 0..{self.cfg.num_workers - 1}",
             )
-        for gone in self.sessions.open(peer, Session(hello.role, hello.worker,
-                                                      incoming.identity)):
-            self._forget(gone)
+        session = Session(hello.role, hello.worker, incoming.identity)
         if hello.role == "evaluator":
+            # an evaluator that reconnected waits on its new socket, not its old ones
+            self.readers_waiting.difference_update(self.sessions.peers_of(session))
             self.readers_waiting.add(peer)
+        for gone in self.sessions.open(peer, session):
+            self._forget(gone)
         log.info("hello from %s %d", hello.role, hello.worker)
         welcome = Welcome(shard=self.state.shard, num_shards=self.cfg.num_shards,
                           start=self.start, stop=self.stop, d=self.d, round=self.state.round,
@@ -236,18 +275,20 @@ class ServerCore:
                           f"{session.worker}, not as worker {push.worker}")
         if self.state.counted(push.round, push.worker):
             replies = self._answer_repeat(envelope, peer, push)
-            if self.state.complete:  # an aggregation that raised before: try again
+            if self._may_close(now):  # an aggregation that raised before: try again
                 replies += self._finish_round(now)
             return replies
         if push.pull_next and (peer, push.round + 1) not in self.parked:
             self._check_parking_space(peer)  # before storing: a refused push leaves nothing
         self.state.push(push.round, push.worker, message)
+        if self.round_opened is None:
+            self.round_opened = now
         replies = []
         if push.pull_next:
             self._park(envelope, peer, push.round + 1)  # answered by PARAMS(round + 1)
         else:
             replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
-        if self.state.complete:
+        if self._may_close(now):
             replies += self._finish_round(now)
         return replies
 
@@ -281,13 +322,17 @@ class ServerCore:
         self.readers_waiting.discard(peer)
 
     def _finish_round(self, now: float) -> list[Reply]:
-        """Aggregate the complete round and answer the PULLs parked for the next one.
+        """Aggregate the round (complete, or at its deadline) and answer the PULLs parked
+        for the next one.
 
-        If the rule raises, the round stays complete and is aggregated again with the
-        next message; what follows a successful step (metrics, checkpoint) cannot
+        If the rule raises, the round stays open and is aggregated again with the next
+        message or tick; what follows a successful step (metrics, checkpoint) cannot
         strand the parked PULLs: it is logged and counted if it fails.
         """
         m = self.state.step()
+        self.round_opened = None
+        if m.missing:
+            log.info("round %d closed at its deadline without workers %s", m.round, m.missing)
         if self.state.finished:
             self.finished_at = now
         replies = []
@@ -316,6 +361,8 @@ class ServerCore:
             "bytes_in": self.bytes_in,
             "errors": sum(self.counters.values()),
             "rule_info": m.rule_info,
+            "workers": m.workers,
+            "missing": m.missing,
         })
         every = self.options.checkpoint_every
         if every and self.state.round % every == 0:

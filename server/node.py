@@ -67,7 +67,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
         freeze_startup_objects()
         while not core.done(time.monotonic()):
             check_stop()
-            if sock.poll(POLL_MS, zmq.POLLIN):
+            if sock.poll(_poll_ms(core, time.monotonic()), zmq.POLLIN):
                 # drain what is queued before checking the clock again
                 while sock.poll(0, zmq.POLLIN):
                     incoming = receive(sock, max_bytes, authenticated=curve is not None)
@@ -81,3 +81,11 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
             writer.close(core.snapshot())
         core.metrics.close()
         sock.close(linger=1000)
+
+
+def _poll_ms(core: ServerCore, now: float) -> int:
+    """How long to wait for a message: ``POLL_MS``, less if the round's deadline is nearer."""
+    deadline = core.deadline()
+    if deadline is None:
+        return POLL_MS
+    return max(1, min(POLL_MS, int((deadline - now) * 1000) + 1))

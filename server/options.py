@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import RunConfig
+from common.errors import ConfigError
+from common.rules import RuleError, rule_class
 from common.settings import CLUSTER, SERVER, setting
 
 
@@ -24,3 +27,34 @@ class ServerOptions:
                                     minimum=0)
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))
+    round_timeout_s: float | None = setting(
+        None, "Close a round this many seconds after its first push with the pushes that "
+        "are in, if at least --quorum (default: wait for all n, the paper's synchronous "
+        "SGD).", flag="--round-timeout", roles=(SERVER, CLUSTER), minimum=0.001)
+    quorum: int | None = setting(
+        None, "Pushes a round needs to close at its deadline (default n; at least n - q, "
+        "and enough rows for the rule).", roles=(SERVER, CLUSTER), minimum=1)
+
+    def rows_needed(self, cfg: RunConfig) -> int:
+        """The quorum K: pushes a round needs to close at its deadline (n without one)."""
+        if self.round_timeout_s is None or self.quorum is None:
+            return cfg.num_workers
+        return self.quorum
+
+    def check(self, cfg: RunConfig) -> ServerOptions:
+        """``ConfigError`` for a quorum the run cannot use, naming both numbers."""
+        n, q = cfg.num_workers, cfg.q
+        if self.quorum is None:
+            return self
+        if self.round_timeout_s is None:
+            raise ConfigError(f"--quorum {self.quorum} needs --round-timeout (without a "
+                              f"deadline every round waits for all n={n} pushes)")
+        if not n - q <= self.quorum <= n:
+            raise ConfigError(f"--quorum {self.quorum} must be in n - q..n = {n - q}..{n} "
+                              f"(n={n} workers, q={q} Byzantine)")
+        try:
+            rule_class(cfg.rule).check(self.quorum, q, **cfg.rule_options())
+        except RuleError as exc:
+            raise ConfigError(f"--quorum {self.quorum}: rule {cfg.rule} cannot aggregate "
+                              f"{self.quorum} rows with q={q}: {exc}") from exc
+        return self

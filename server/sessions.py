@@ -100,6 +100,10 @@ class Sessions:
         self._by_principal.setdefault(session.principal, []).append(peer)
         return evicted
 
+    def peers_of(self, session: Session) -> list[Peer]:
+        """The peers with a session of ``session``'s principal, oldest first."""
+        return list(self._by_principal.get(session.principal, ()))
+
     def require(self, peer: Peer) -> Session:
         """``peer``'s session (marked as recently used); HELLO_FIRST if it has none."""
         session = self._by_peer.get(peer)

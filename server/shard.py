@@ -2,9 +2,13 @@
 
 Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr * Aggr({g_{i,s}^t : i in [n]}),
 with the n gradient shards ordered by worker id and Aggr the configured rule,
-applied locally and coordinate-wise. The server's core (``server/core.py``) and
-the in-process reference engine (``ps/reference/engine.py``) both drive this class,
-which is what makes their results bit-identical.
+applied locally and coordinate-wise. A round closed at its deadline aggregates the
+m < n rows it has (still ordered by worker id) with the rule built for m rows; which
+workers each round aggregated is its participation, kept with the parameters.
+
+The server's core (``server/core.py``) and the in-process reference engine
+(``ps/reference/engine.py``, which can replay a recorded participation) both drive this
+class, which is what makes their results bit-identical.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.protocol import ErrorCode, Message, Refused
-from common.rules import make_rule
+from common.rules import Rule, make_rule
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
 # consistent snapshot of round t from every shard.
@@ -34,6 +38,8 @@ class RoundMetrics:
     nonfinite_values: int
     params_finite: bool
     rule_info: dict
+    workers: list[int]  # the worker ids aggregated, ascending
+    missing: list[int]  # the worker ids whose pushes the round closed without
 
 
 class ShardState:
@@ -43,12 +49,15 @@ class ShardState:
         self.cfg = cfg
         self.shard = shard
         self.rule = make_rule(cfg.rule, cfg.num_workers, cfg.q, **cfg.rule_options())
+        self._partial_rules: dict[int, Rule] = {}
         self.params = np.array(initial, dtype=np.float32, copy=True)
         self.size = self.params.size
         self.round = 0
         self.grads = np.empty((cfg.num_workers, self.size), dtype=np.float32)
         self.received = np.zeros(cfg.num_workers, dtype=bool)
         self.history: dict[int, np.ndarray] = {0: self.params}
+        # round -> the workers it aggregated, for the rounds whose result is in history
+        self.participation: dict[int, np.ndarray] = {}
 
     def restore(self, round_: int, params: np.ndarray) -> None:
         """Continue at ``round_`` with ``params`` (from a checkpoint)."""
@@ -61,6 +70,10 @@ class ShardState:
         self.round = round_
         self.received[:] = False
         self.history = {round_: self.params}
+        # who pushed the round before is not saved; a push of it is answered as a
+        # repeat (the pusher goes on at round_, as a late one would after stale-round)
+        self.participation = ({round_ - 1: np.ones(self.cfg.num_workers, dtype=bool)}
+                              if round_ else {})
 
     @property
     def finished(self) -> bool:
@@ -70,6 +83,22 @@ class ShardState:
     def complete(self) -> bool:
         """All n gradient shards of the current round have arrived."""
         return bool(self.received.all())
+
+    @property
+    def pushes(self) -> int:
+        """Gradient shards of the current round received so far."""
+        return int(np.count_nonzero(self.received))
+
+    def rule_for(self, rows: int) -> Rule:
+        """The rule for ``rows`` rows (n: the configured one); ``RuleError`` if it cannot
+        run with that many at this q."""
+        if rows == self.cfg.num_workers:
+            return self.rule
+        rule = self._partial_rules.get(rows)
+        if rule is None:
+            rule = make_rule(self.cfg.rule, rows, self.cfg.q, **self.cfg.rule_options())
+            self._partial_rules[rows] = rule
+        return rule
 
     def params_at(self, round_: int) -> np.ndarray | None:
         """Parameters at ``round_``; None if that round is still to come.
@@ -97,7 +126,8 @@ class ShardState:
             return False
         if round_ == self.round:
             return bool(self.received[worker])
-        return 0 <= round_ < self.round and round_ + 1 in self.history
+        aggregated = self.participation.get(round_)
+        return aggregated is not None and bool(aggregated[worker])
 
     def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
         """Validate one push and store its values (an array, or a received PUSH message).
@@ -133,22 +163,28 @@ class ShardState:
         self.received[worker] = True
 
     def step(self) -> RoundMetrics:
-        """Aggregate the complete round and apply x <- x - lr * Aggr; advance the round."""
-        if not self.complete:
-            missing = np.flatnonzero(~self.received).tolist()
-            raise RuntimeError(f"round {self.round} is not complete: missing workers {missing}")
+        """Aggregate the round's rows (all n, or those in at its deadline) and apply
+        x <- x - lr * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
+        mask = self.received.copy()
+        rows = int(np.count_nonzero(mask))
+        rule = self.rule_for(rows)
         started = time.perf_counter()
-        aggregate = self.rule(torch.from_numpy(self.grads)).numpy()
+        grads = self.grads if rows == self.cfg.num_workers else self.grads[mask]
+        aggregate = rule(torch.from_numpy(grads)).numpy()
         self.params = self.params - np.float32(self.cfg.lr) * aggregate
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        nonfinite = int(self.grads.size - np.count_nonzero(np.isfinite(self.grads)))
+        nonfinite = int(grads.size - np.count_nonzero(np.isfinite(grads)))
         metrics = RoundMetrics(
             round=self.round,
             aggregation_ms=elapsed_ms,
             nonfinite_values=nonfinite,
             params_finite=bool(np.isfinite(self.params).all()),
-            rule_info=dict(self.rule.last_info),
+            rule_info=dict(rule.last_info),
+            workers=np.flatnonzero(mask).tolist(),
+            missing=np.flatnonzero(~mask).tolist(),
         )
+        self.participation[self.round] = mask
+        self.participation.pop(self.round - HISTORY_ROUNDS, None)
         self.round += 1
         self.received[:] = False
         self.history[self.round] = self.params

@@ -6,14 +6,17 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
+from common.protocol import ErrorCode
 from worker.byzantine import byzantine_gradient
-from worker.client import ClusterClient, RetryPolicy
+from worker.client import ClusterClient, RetryPolicy, ServerRefused
 from worker.options import ClientOptions
 from worker.trainer import GradientComputer
 
@@ -48,9 +51,9 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             f" (byzantine: {attack.worker_attack})" if byzantine else "",
             len(endpoints), client.d, start,
         )
-        x = client.pull(start)
+        t, x = catch_up(client, start)
         freeze_startup_objects()
-        for t in range(start, cfg.rounds):
+        while t < cfg.rounds:
             check_stop()
             began = time.perf_counter()
             if byzantine:
@@ -61,8 +64,16 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             computed = time.perf_counter()
             # one exchange per shard: the reply to the push is x^{t+1}; a server that
             # restarted and lost the push gets it again before a fallback PULL is resent
-            x = client.push(t, g, pull_next=t + 1 < cfg.rounds,
-                            before_resend=lambda s, t=t, g=g: client.repush(s, t, g))
+            try:
+                x = client.push(t, g, pull_next=t + 1 < cfg.rounds,
+                                before_resend=lambda s, t=t, g=g: client.repush(s, t, g))
+            except ServerRefused as exc:
+                if exc.code != ErrorCode.STALE_ROUND.value:
+                    raise
+                log.warning("round %d closed without this worker (a server is at round %d); "
+                            "catching up", t, exc.round)
+                t, x = catch_up(client, exc.round)
+                continue
             done = time.perf_counter()
             metrics.write({
                 "round": t, "loss": loss, "compute_ms": (computed - began) * 1e3,
@@ -70,7 +81,21 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             })
             if t % 100 == 0:
                 log.info("round %d loss %.4f", t, loss)
+            t += 1
         log.info("done after %d rounds", cfg.rounds)
     finally:
         client.close()
         metrics.close()
+
+
+def catch_up(client: ClusterClient, round_: int) -> tuple[int, np.ndarray]:
+    """(t, x^t) for the first round t >= ``round_`` that every shard still serves: a
+    worker that starts late, or whose push came after its round closed, goes on there."""
+    while True:
+        check_stop()
+        try:
+            return round_, client.pull(round_)
+        except ServerRefused as exc:
+            if exc.code != ErrorCode.STALE_ROUND.value or exc.round <= round_:
+                raise
+            round_ = exc.round

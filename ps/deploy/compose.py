@@ -12,9 +12,14 @@ settings, an attacker's attack with its parameters, and the process settings.
 One service per server (``server-<s>``), per proxy (``proxy-<s>``, in front of server
 s) and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
 evaluator and ``runs-dir``, which hands a root-owned output directory to the
-containers' user before the others start. A fixed id per service keeps a run
-reproducible (worker i always trains on partition i) and lets one worker be made
-Byzantine on its own.
+containers' user before the others start, and ``keys``, which writes the run's keys
+(and clears the previous run's checkpoints: every ``up`` is a new run). A fixed id
+per service keeps a run reproducible (worker i always trains on partition i) and lets
+one worker be made Byzantine on its own.
+
+Every node restarts when it dies (``restart: on-failure``, a few times): a server
+resumes from its checkpoint (``PS_RESUME``) and the workers replay what it lost; a
+worker rejoins at the servers' round.
 
 Usage (from the repository root)::
 
@@ -67,6 +72,7 @@ READY_FILE = Path("/tmp/ps-ready")
 OUT_DIR = Path("/runs")
 KEYS_DIR = OUT_DIR / "keys"
 ARGS_MARK = "# gen_compose.py options: "
+RESTART_POLICY = "on-failure:3"  # a node that died comes back (not a finished one)
 
 
 def setting_classes() -> tuple[type, ...]:
@@ -163,7 +169,8 @@ def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for k, name in enumerate(servers):
         out[name] = ("ps-server", _environment(
-            SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}"),
+            SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}",
+                                 resume=True),  # a restarted container goes on
             SecurityOptions(keys=KEYS_DIR),
             dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
     for k in attack.proxy_shards:
@@ -246,13 +253,14 @@ def render(dep: Deployment, options: dict) -> str:
         "then chown ${PS_UID:-1000}:${PS_GID:-1000} /runs; fi']",
         "",
         "  # the run's CURVE keys, new for every `up` (the proxy's key exists only because",
-        "  # this cluster is a test bed for the man-in-the-middle)",
+        "  # this cluster is a test bed for the man-in-the-middle); every `up` is a new",
+        "  # run, so the previous run's checkpoints go (the servers would resume them)",
         "  keys:",
         "    <<: *node",
-        "    command: [ps-keys, --force, --dir, " + str(KEYS_DIR) + f", --shards, '{s}', "
-        f"--workers, '{n}'"
-        + (f", --proxies, '{','.join(map(str, attack.proxy_shards))}'"
-           if attack.proxy_shards else "") + "]",
+        f"    command: [sh, -c, 'rm -f {OUT_DIR}/shard-*.npz && exec ps-keys --force --dir "
+        f"{KEYS_DIR} --shards {s} --workers {n}"
+        + (f" --proxies {','.join(map(str, attack.proxy_shards))}"
+           if attack.proxy_shards else "") + "']",
         "    depends_on:",
         "      runs-dir:",
         "        condition: service_completed_successfully",
@@ -264,7 +272,8 @@ def render(dep: Deployment, options: dict) -> str:
                "evaluator": servers}
     anchors: dict[tuple[str, ...], str] = {}
     for name, (command, env) in service_environments(dep).items():
-        out += [f"  {name}:", "    <<: *node", f"    command: [{command}]", "    environment:",
+        out += [f"  {name}:", "    <<: *node", f"    command: [{command}]",
+                f'    restart: "{RESTART_POLICY}"', "    environment:",
                 "      <<: *run", f"      PS_LOG_NAME: {name}"]
         out += [f'      {k}: "{v}"' for k, v in env.items()]
         kind = name.split("-")[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
@@ -13,7 +14,7 @@ import click
 from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
-from common.errors import PeerError
+from common.errors import ConfigError, PeerError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, pin_torch_threads, run_process
 from common.settings import COMMAND_ROLES, take
@@ -22,6 +23,8 @@ from server.options import ServerOptions
 from worker.options import ClientOptions, EvalOptions
 
 COMMAND = "ps-cluster"
+# what --resume takes from its own command line; every other setting is the run's
+RESUME_OWN_OPTIONS = ("verify", "max_restarts", "run_timeout_s")
 SETTINGS_OWNERS = (ClusterOptions, ClientOptions, EvalOptions, ServerOptions, AttackConfig,
                    RunConfig, SecurityOptions, ProcessOptions)
 
@@ -66,9 +69,14 @@ def spec_from(values: dict[str, Any], process: ProcessOptions):
 
 
 def launch(values: dict[str, Any], process: ProcessOptions) -> None:
-    from ps.launcher.cluster import Cluster
+    from ps.launcher.cluster import Cluster, resumable_spec
 
     spec = spec_from(values, process)
+    if spec.cluster.resume is not None:  # the run's settings; this command's own options
+        values, process = saved_values(spec.cluster.resume)
+        saved = spec_from(values, process)
+        own = {name: getattr(spec.cluster, name) for name in RESUME_OWN_OPTIONS}
+        spec = resumable_spec(replace(saved, cluster=replace(saved.cluster, **own)))
     cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
     evaluator = not spec.cluster.no_evaluator
     proxies = f", {len(attack.proxy_shards)} proxy" if attack.proxy_attack != "none" else ""
@@ -89,13 +97,36 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
         verify(spec, result.digest)
 
 
+def saved_values(out_dir: Path) -> tuple[dict[str, Any], ProcessOptions]:
+    """The command values a run in ``out_dir`` was started with; ``ConfigError`` if none."""
+    from ps.launcher.cluster import COMMAND_FILE
+
+    path = out_dir / COMMAND_FILE
+    try:
+        argv = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot resume {out_dir}: {path} is missing or unreadable "
+                          f"({exc}); is it a ps-cluster output directory?") from exc
+    context = build_command().make_context(COMMAND, list(argv))
+    values = context.params
+    return values, replace(take(ProcessOptions, values, COMMAND_ROLES[COMMAND]),
+                           out_dir=out_dir)
+
+
 def verify(spec, digest: str) -> None:
-    """Run the reference engine with the same settings; ``PeerError`` if it differs."""
+    """Run the reference engine with the same settings, aggregating in each round the
+    workers the cluster did; ``PeerError`` if it differs."""
     pin_torch_threads(spec.process.torch_threads)
     from ps.reference.engine import simulate
+    from ps.reference.participation import read_participation
 
-    click.echo("running the in-process reference engine ...", err=True)
-    reference = simulate(spec.cfg, spec.attack, data_dir=spec.client.data_dir)
+    cfg = spec.cfg
+    participation = read_participation(spec.out_dir, cfg.num_shards, cfg.num_workers,
+                                       cfg.rounds)
+    click.echo(f"running the in-process reference engine ({participation.rounds_closed_short} "
+               "shard rounds closed without some workers) ...", err=True)
+    reference = simulate(spec.cfg, spec.attack, data_dir=spec.client.data_dir,
+                         participation=participation)
     if reference.digest != digest:
         raise PeerError(f"cluster and reference differ: {digest} != {reference.digest}")
     click.echo(f"verified: the reference engine ends with the same parameters "
@@ -115,7 +146,8 @@ class ProgressLine:
 
     def update(self, p) -> None:
         acc = f" | top-1 {p.top1:.3f} @ round {p.eval_round}" if p.top1 is not None else ""
-        text = f"round {p.round}/{self.rounds} | {p.rounds_per_s:5.1f} rounds/s{acc}"
+        restarts = f" | {p.restarts} restarts" if p.restarts else ""
+        text = f"round {p.round}/{self.rounds} | {p.rounds_per_s:5.1f} rounds/s{acc}{restarts}"
         now = time.monotonic()
         if self.tty:
             sys.stderr.write("\r" + text.ljust(len(self.text)))

@@ -4,9 +4,17 @@ Servers bind free loopback ports (``tcp://HOST:*``) and write the endpoint
 they got to a ready file; the launcher waits for those files (with a
 deadline, watching that nobody died), starts the proxies the same way, then
 the workers and the evaluator. While the run goes it shows the round, the
-rounds per second and the latest accuracy; it stops everything on Ctrl-C or
-as soon as one process fails, naming it with its last log lines. Logs and
-metrics stay in the output directory.
+rounds per second and the latest accuracy.
+
+It supervises: a process that dies unexpectedly (killed, crashed; not a configuration
+error) is started again with the same settings, up to ``--max-restarts`` times each: a
+server on the same endpoint with ``--resume`` from its checkpoint (the workers replay
+what it lost), a proxy on the same endpoint, a worker that rejoins at the servers'
+round. Past that, or on Ctrl-C, it stops everything, naming the process with its last
+log lines. Children get SIGTERM if the launcher itself dies, so servers save their
+checkpoints and ``ps-cluster --resume OUT_DIR`` can continue the run. Whatever the end,
+``summary.json`` says how it ended and why; logs and metrics stay in the output
+directory.
 """
 
 from __future__ import annotations
@@ -23,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from common.config import AttackConfig, RunConfig
-from common.errors import ClusterTimeout, PSError
+from common.errors import EXIT_CONFIG, EXIT_PEER, ClusterTimeout, ConfigError, PSError
 from common.keys import SecurityOptions, create_keys
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, check_stop
-from common.settings import EVALUATOR, PROXY, SERVER, WORKER, to_argv
+from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER, to_argv
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
 from ps.proxy.options import ProxyOptions
@@ -38,6 +46,7 @@ from worker.options import ClientOptions, EvalOptions
 log = logging.getLogger("ps.cluster")
 
 READY_TIMEOUT_S = 180.0
+COMMAND_FILE = "command.json"  # the run's ps-cluster flags, for --resume
 WATCH_INTERVAL_S = 0.5
 CHILD_ENV = {
     # one compute thread per process: many processes share few cores
@@ -48,13 +57,22 @@ CHILD_ENV = {
 
 
 class ProcessFailed(PSError):
-    """A process of the cluster exited with an error."""
+    """A process of the cluster failed for good: its exit code if a documented one
+    (2 configuration, 3 peer, 4 timeout), else 3 (it crashed or was killed)."""
 
-    def __init__(self, name: str, code: int, tail: list[str]) -> None:
+    def __init__(self, name: str, code: int, tail: list[str], restarts: int = 0) -> None:
         lines = "\n".join(f"    {line}" for line in tail)
-        super().__init__(f"{name} exited with code {code}; its last log lines:\n{lines}")
-        self.exit_code = code if code > 0 else 1
+        again = f" (after {restarts} restarts)" if restarts else ""
+        self.reason = f"{name} exited with code {code}{again}"
+        super().__init__(f"{self.reason}; its last log lines:\n{lines}")
+        self.exit_code = code if code in (2, 3, 4) else EXIT_PEER
         self.name = name
+
+
+def restartable(code: int) -> bool:
+    """A process that ended with ``code`` may succeed if started again: it was killed or
+    crashed, not refused its settings (those would be refused again)."""
+    return code not in (0, EXIT_CONFIG)
 
 
 @dataclass
@@ -83,6 +101,7 @@ class Progress:
 
     round: int = 0
     rounds_per_s: float = 0.0
+    restarts: int = 0
     eval_round: int | None = None
     top1: float | None = None
     top3: float | None = None
@@ -112,28 +131,41 @@ class Cluster:
         self.processes: list[ManagedProcess] = []
         self.started = 0.0
         self.security = spec.security
+        self.endpoints: dict[str, str] = {}  # where each server and proxy listens
+        self.modules: dict[str, str] = {}
+        self.restarts: list[dict[str, Any]] = []
+        self.lost: list[str] = []  # workers given up on; the quorum goes on without them
 
     # -- lifecycle ---------------------------------------------------------------
 
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> ClusterResult:
-        """Start everything, wait for the run to finish, return the result; always clean up."""
+        """Start everything, supervise until the run finishes, return the result; always
+        clean up and write ``summary.json``."""
+        check_launchable(self.spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(
             json.dumps({"run": self.spec.cfg.to_dict(), "attack": self.spec.attack.to_dict()},
                        indent=2) + "\n", encoding="utf-8")
+        (self.out / COMMAND_FILE).write_text(json.dumps(self.command_argv()) + "\n",
+                                             encoding="utf-8")
         self.started = time.monotonic()
-        self.security = self._keys()
         try:
+            self.security = self._keys()
             servers = self._start_servers()
             fronts = self._start_proxies(servers)
             self._start_workers(fronts)
             if not self.spec.cluster.no_evaluator:
                 self._start_evaluator(servers)
             self._watch(on_progress)
-        finally:
             stop_all(self.processes)
-        return self._result()
+            return self._result()
+        except BaseException as exc:
+            stop_all(self.processes)
+            self._write_summary(_outcome(exc),
+                                reason=getattr(exc, "reason", str(exc).split("\n")[0]),
+                                exit_code=getattr(exc, "exit_code", EXIT_PEER))
+            raise
 
     def _keys(self) -> SecurityOptions:
         """What the children use: the given keys, none (--insecure), or keys generated
@@ -156,19 +188,65 @@ class Cluster:
         )
         process.start()
         self.processes.append(process)
+        self.modules[name] = module
         return process
+
+    def _restart(self, index: int, code: int) -> None:
+        """Start process ``index`` again (it exited with ``code``), on its old endpoint."""
+        old = self.processes[index]
+        role, _, number = old.name.partition("-")
+        if role == "server":
+            args = self.server_argv(int(number), None, bind=self.endpoints[old.name],
+                                    resume=True)
+        elif role == "proxy":
+            shard = int(number)
+            args = self.proxy_argv(shard, self.endpoints[f"server-{shard}"], None,
+                                   bind=self.endpoints[old.name])
+        elif role == "worker":
+            args = self.worker_argv(int(number), self._fronts())
+        else:
+            args = self.evaluator_argv([self.endpoints[f"server-{s}"]
+                                        for s in range(self.spec.cfg.num_shards)])
+        process = ManagedProcess(name=old.name, argv=[sys.executable, "-m",
+                                                      self.modules[old.name], *args],
+                                 log_path=old.log_path, env=CHILD_ENV)
+        process.start()
+        self.processes[index] = process
+        seconds = round(time.monotonic() - self.started, 1)
+        self.restarts.append({"process": old.name, "exit_code": code, "after_s": seconds})
+        log.warning("%s exited with code %d; restarted it (restart %d of %d)", old.name, code,
+                    self._restarts_of(old.name), self.spec.cluster.max_restarts)
+
+    def _restarts_of(self, name: str) -> int:
+        return sum(r["process"] == name for r in self.restarts)
+
+    def _fronts(self) -> list[str]:
+        """The endpoint of each shard that workers use (its proxy's, if it has one)."""
+        return [self.endpoints.get(f"proxy-{s}", self.endpoints[f"server-{s}"])
+                for s in range(self.spec.cfg.num_shards)]
 
     def _process(self, ready_file: Path | None = None) -> ProcessOptions:
         return replace(self.spec.process, out_dir=self.out, ready_file=ready_file)
 
-    def server_argv(self, shard: int, ready_file: Path) -> list[str]:
-        options = replace(self.spec.server, shard=shard, bind=f"tcp://{self.spec.cluster.host}:*")
+    def command_argv(self) -> list[str]:
+        """The ``ps-cluster`` flags that start this run again (what ``--resume`` reads)."""
+        spec, attack = self.spec, self.spec.attack
+        return child_argv(CLUSTER, spec.cfg, attack, *attack.params.values(), spec.client,
+                          spec.evaluation, replace(spec.cluster, resume=None),
+                          replace(spec.server, resume=False), spec.security, spec.process)
+
+    def server_argv(self, shard: int, ready_file: Path | None, bind: str | None = None,
+                    resume: bool = False) -> list[str]:
+        options = replace(self.spec.server, shard=shard,
+                          bind=bind or f"tcp://{self.spec.cluster.host}:*",
+                          resume=resume or self.spec.server.resume)
         return child_argv(SERVER, options, self.spec.cfg, self.security,
                           self._process(ready_file))
 
-    def proxy_argv(self, shard: int, server: str, ready_file: Path) -> list[str]:
+    def proxy_argv(self, shard: int, server: str, ready_file: Path | None,
+                   bind: str | None = None) -> list[str]:
         attack = self.spec.attack
-        options = ProxyOptions(bind=f"tcp://{self.spec.cluster.host}:*", server=server,
+        options = ProxyOptions(bind=bind or f"tcp://{self.spec.cluster.host}:*", server=server,
                                shard=shard)
         return child_argv(PROXY, options, attack, *attack.active(attack.proxy_attack),
                           self.spec.cfg, self.security, self._process(ready_file))
@@ -191,7 +269,9 @@ class Cluster:
             ready_file.unlink(missing_ok=True)
             self._child(f"server-{s}", "server.cli", self.server_argv(s, ready_file))
             ready.append(ready_file)
-        return self._await_endpoints(ready)
+        endpoints = self._await_endpoints(ready)
+        self.endpoints.update({f"server-{s}": e for s, e in enumerate(endpoints)})
+        return endpoints
 
     def _start_proxies(self, servers: list[str]) -> list[str]:
         """Endpoints the workers use: the proxy's for fronted shards, else the server's."""
@@ -207,6 +287,7 @@ class Cluster:
             ready[s] = ready_file
         for s, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
             fronts[s] = endpoint
+            self.endpoints[f"proxy-{s}"] = endpoint
         return fronts
 
     def _start_workers(self, endpoints: list[str]) -> None:
@@ -232,12 +313,13 @@ class Cluster:
             time.sleep(0.05)
 
     def _watch(self, on_progress: Callable[[Progress], None] | None) -> None:
-        """Until every process exited 0; raise at the first failure or the run deadline."""
+        """Until every process exited 0, restarting those that died (within their
+        restarts); raise when one failed for good, or at the run deadline."""
         limit = self.spec.cluster.run_timeout_s
         while True:
             check_stop()
-            self._raise_if_failed()
-            if all(p.returncode == 0 for p in self.processes):
+            self._supervise()
+            if all(p.returncode == 0 or p.name in self.lost for p in self.processes):
                 return
             if limit is not None and time.monotonic() - self.started > limit:
                 raise ClusterTimeout(
@@ -254,12 +336,36 @@ class Cluster:
             if code not in (None, 0):
                 raise ProcessFailed(p.name, code, p.tail())
 
+    def _supervise(self) -> None:
+        """Restart each process that died and may be restarted; raise for one that may not."""
+        for index, p in enumerate(self.processes):
+            code = p.returncode
+            if code in (None, 0) or p.name in self.lost:
+                continue
+            if restartable(code) and self._restarts_of(p.name) < self.spec.cluster.max_restarts:
+                self._restart(index, code)
+            elif self._can_lose(p.name, code):
+                self.lost.append(p.name)
+                log.warning("%s exited with code %d and is not restarted; the rounds go on "
+                            "without it (quorum %d)", p.name, code, self._quorum())
+            else:
+                raise ProcessFailed(p.name, code, p.tail(), self._restarts_of(p.name))
+
+    def _quorum(self) -> int:
+        return self.spec.server.rows_needed(self.spec.cfg)
+
+    def _can_lose(self, name: str, code: int) -> bool:
+        """Worker ``name`` died for good and the servers' quorum does without it."""
+        spare = self.spec.cfg.num_workers - self._quorum()
+        lost_workers = sum(n.startswith("worker-") for n in self.lost)
+        return name.startswith("worker-") and restartable(code) and lost_workers < spare
+
     # -- results -----------------------------------------------------------------
 
     def progress(self) -> Progress:
         """Current progress read from server 0's and the evaluator's metrics."""
         rounds = read_jsonl(self.out / "server-0.jsonl")
-        progress = Progress()
+        progress = Progress(restarts=len(self.restarts))
         if rounds:
             progress.round = rounds[-1]["round"] + 1
             if len(rounds) > 1:
@@ -282,16 +388,79 @@ class Cluster:
             digest=params_digest(params),
             evaluations=read_jsonl(self.out / "evaluator.jsonl"),
         )
-        summary = {
-            "seconds": result.seconds,
-            "rounds": self.spec.cfg.rounds,
+        self._write_summary("finished", reason="", exit_code=0, **{
             "rounds_per_s": result.progress.rounds_per_s,
             "final_top1": result.progress.top1,
             "final_top3": result.progress.top3,
             "final_loss": result.progress.loss,
             "params_sha256": result.digest,
             "params_finite": bool(np.isfinite(params).all()),
+        })
+        return result
+
+    def _write_summary(self, outcome: str, reason: str, exit_code: int,
+                       **extra: Any) -> None:
+        """``summary.json``: how the run ended and why, its restarts and figures."""
+        closed_short = sum(bool(r.get("missing")) for r in read_jsonl(self.out / "server-0.jsonl"))
+        summary = {
+            "outcome": outcome,
+            "reason": reason,
+            "exit_code": exit_code,
+            "seconds": round(time.monotonic() - self.started, 2) if self.started else 0.0,
+            "rounds": self.spec.cfg.rounds,
+            "rounds_done": self.progress().round,
+            "restarts": self.restarts,
+            "lost": self.lost,
+            "rounds_closed_at_deadline_shard0": closed_short,
+            **extra,
         }
+        self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n",
                                                encoding="utf-8")
-        return result
+
+
+def _outcome(exc: BaseException) -> str:
+    """A word for how a run that raised ``exc`` ended."""
+    from common.errors import Interrupted
+
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(exc, ClusterTimeout):
+        return "timeout"
+    if isinstance(exc, ConfigError):
+        return "configuration-error"
+    return "failed"
+
+
+def check_launchable(spec: ClusterSpec) -> None:
+    """``ConfigError`` for settings the processes would refuse, before starting any."""
+    spec.server.check(spec.cfg)
+    attack = spec.attack
+    if spec.server.round_timeout_s is not None and attack.vector_proxy:
+        proxy = attack.params[attack.proxy_attack]
+        if getattr(proxy, "reads_honest", False):
+            raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "
+                              "each round until all n pushes are in, which a round closed "
+                              "without some workers never has; use a value-level proxy "
+                              "attack (gambler, bitflip) or a worker attack")
+
+
+def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
+    """The spec that continues the run in ``spec.cluster.resume``: its own settings,
+    its servers resuming from their checkpoints; ``ConfigError`` if it cannot."""
+    from server.checkpoint import checkpoint_path, load_checkpoint
+
+    out = spec.out_dir
+    cfg = spec.cfg
+    rounds = {s: load_checkpoint(checkpoint_path(out, s)).round
+              for s in range(cfg.num_shards) if checkpoint_path(out, s).exists()}
+    if rounds and max(rounds.values()) - min(rounds.values()) > 1:
+        raise ConfigError(f"cannot resume {out}: the shards' checkpoints are at rounds "
+                          f"{rounds}, more than one round apart (the servers were not stopped "
+                          f"cleanly, and the workers' gradients of the rounds between are gone)")
+    if rounds and min(rounds.values()) >= cfg.rounds:
+        raise ConfigError(f"nothing to resume: the run in {out} finished all {cfg.rounds} "
+                          f"rounds")
+    log.info("resuming %s from checkpoints at rounds %s", out, rounds or "none (round 0)")
+    return replace(spec, server=replace(spec.server, resume=True),
+                   cluster=replace(spec.cluster, resume=None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.settings import CLUSTER, setting
 
@@ -20,3 +21,12 @@ class ClusterOptions:
     verify: bool = setting(False, "Afterwards run the in-process reference engine with the "
                            "same settings and check that the final parameters are "
                            "bit-identical (exit 3 if not).", roles=(CLUSTER,))
+    max_restarts: int = setting(3, "Restart a process that died unexpectedly (a server "
+                                "resumes from its checkpoint) up to this many times each; "
+                                "0: the first death stops the run.", roles=(CLUSTER,),
+                                minimum=0)
+    resume: Path | None = setting(None, "Continue the interrupted run in this output "
+                                  "directory from its checkpoints, with the run settings it "
+                                  "was started with (only ps-cluster's own options, such as "
+                                  "--verify and --max-restarts, are taken from this command).",
+                                  roles=(CLUSTER,))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 STOP_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -34,6 +37,7 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 env=child_environment(self.env),
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops us
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
 
     @property
@@ -56,6 +60,12 @@ class ManagedProcess:
                 return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
         except FileNotFoundError:
             return []
+
+
+def _die_with_parent() -> None:
+    """(In the child, before exec.) Get SIGTERM when the launcher dies, even by SIGKILL:
+    no orphan keeps a port, and every server saves its checkpoint on the way out."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def child_environment(extra: dict[str, str]) -> dict[str, str]:

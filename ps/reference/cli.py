@@ -12,6 +12,7 @@ from common.config import AttackConfig, RunConfig
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, run_process
 from common.settings import COMMAND_ROLES, take
+from ps.reference.options import ReplayOptions
 from worker.options import ClientOptions, EvalOptions
 
 COMMAND = "ps-simulate"
@@ -19,14 +20,16 @@ COMMAND = "ps-simulate"
 
 def build_command() -> click.Command:
     """The ``ps-simulate`` command, its options derived from the settings declarations."""
-    settings = (ClientOptions, EvalOptions, AttackConfig, *ATTACKS.values(), RunConfig,
-                ProcessOptions)
+    settings = (ClientOptions, EvalOptions, ReplayOptions, AttackConfig, *ATTACKS.values(),
+                RunConfig, ProcessOptions)
 
     @settings_command(COMMAND, settings)
     def main(**values: Any) -> None:
         """Run the same training as ps-cluster in one process (no sockets) and print
         test accuracy every --eval-every rounds and the final parameters' sha256; with
-        --out-dir, the evaluations go to OUT_DIR/evaluator.jsonl as well.
+        --out-dir, the evaluations go to OUT_DIR/evaluator.jsonl as well. With --replay
+        RUN_DIR, the rounds a cluster closed without some workers aggregate the same
+        workers here (give that run's settings too).
         """
         roles = COMMAND_ROLES[COMMAND]
         process = take(ProcessOptions, values, roles)
@@ -35,7 +38,8 @@ def build_command() -> click.Command:
             cfg = take(RunConfig, values, roles).validate()
             attack = AttackConfig.build(values, roles).validate(cfg)
             simulate_and_report(cfg, attack, take(ClientOptions, values, roles),
-                                take(EvalOptions, values, roles), process)
+                                take(EvalOptions, values, roles), process,
+                                take(ReplayOptions, values, roles))
 
         run_process("simulate", process, start, uses_torch=True)
 
@@ -43,10 +47,19 @@ def build_command() -> click.Command:
 
 
 def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOptions,
-                        evaluation: EvalOptions, process: ProcessOptions) -> None:
+                        evaluation: EvalOptions, process: ProcessOptions,
+                        replay: ReplayOptions) -> None:
     from common.data import load_dataset
     from ps.reference.engine import simulate
+    from ps.reference.participation import read_participation
     from worker.evaluator import Evaluator
+
+    participation = None
+    if replay.replay is not None:
+        participation = read_participation(replay.replay, cfg.num_shards, cfg.num_workers,
+                                           cfg.rounds)
+        click.echo(f"replaying {replay.replay}: {participation.rounds_closed_short} shard "
+                   "rounds closed without some workers")
 
     dataset = load_dataset(cfg.dataset, client.data_dir, seed=cfg.seed)
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
@@ -61,7 +74,8 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
         click.echo(f"round {t}: test loss {e.loss:.4f} top-1 {e.top1:.4f} top-3 {e.top3:.4f}")
 
     try:
-        result = simulate(cfg, attack, dataset=dataset, on_round=report)
+        result = simulate(cfg, attack, dataset=dataset, on_round=report,
+                          participation=participation)
     finally:
         metrics.close()
     click.echo(f"{cfg.rounds} rounds in {result.seconds:.1f} s "

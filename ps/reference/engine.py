@@ -4,7 +4,9 @@ It drives the very components the processes use (``GradientComputer``,
 ``worker.byzantine``, ``ShardCorruptor``, ``ShardState``) in the order the
 cluster's data flows, so for the same ``RunConfig`` and ``AttackConfig`` it
 ends with parameters bit-identical to a multi-process run (compare
-``params_digest``). It is also the fast path for parameter sweeps.
+``params_digest``). Given the participation a run recorded (rounds closed at their
+deadline without some workers), it aggregates exactly the pushes that run did. It is
+also the fast path for parameter sweeps.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import numpy as np
 
 from common.config import AttackConfig, RunConfig
 from common.data import Dataset, load_dataset
+from common.errors import ConfigError
 from common.model_init import initial_parameters
 from common.process import check_stop
 from common.sharding import shard_ranges
 from ps.proxy.corruption import ShardCorruptor
+from ps.reference.participation import Participation
 from server.checkpoint import params_digest
 from server.shard import RoundMetrics, ShardState
 from worker.byzantine import byzantine_gradient
@@ -44,9 +48,11 @@ class SimulationResult:
 class Simulation:
     """Synchronous rounds of the whole system in one process."""
 
-    def __init__(self, cfg: RunConfig, attack: AttackConfig, dataset: Dataset) -> None:
+    def __init__(self, cfg: RunConfig, attack: AttackConfig, dataset: Dataset,
+                 participation: Participation | None = None) -> None:
         self.cfg = cfg
         self.attack = attack
+        self.participation = participation or Participation()
         self.computer = GradientComputer(cfg, dataset)
         x0 = initial_parameters(cfg)
         self.ranges = shard_ranges(x0.size, cfg.num_shards)
@@ -78,10 +84,14 @@ class Simulation:
         for s, (a, b) in enumerate(self.ranges):
             pushes = [g[a:b] for g in grads]
             corruptor = self.corruptors.get(s)
+            aggregated = self.participation.workers(s, t, n)
             if corruptor is not None:
-                pushes = self._corrupt_pushes(corruptor, t, pushes)
-            for i, values in enumerate(pushes):
-                self.shards[s].push(t, i, values)
+                if corruptor.whole_round and len(aggregated) < n:
+                    raise ConfigError(f"shard {s} closed round {t} without workers; the "
+                                      f"proxy attack {self.attack.proxy_attack} needs all n")
+                pushes = self._corrupt_pushes(corruptor, t, pushes, aggregated)
+            for i in aggregated:
+                self.shards[s].push(t, i, pushes[i])
             metrics.append(self.shards[s].step())
         return metrics
 
@@ -98,17 +108,18 @@ class Simulation:
         return np.concatenate(parts)
 
     def _corrupt_pushes(
-        self, corruptor: ShardCorruptor, t: int, pushes: list[np.ndarray]
+        self, corruptor: ShardCorruptor, t: int, pushes: list[np.ndarray],
+        aggregated: tuple[int, ...],
     ) -> list[np.ndarray]:
+        """The pushes as the proxy forwards them (those aggregated are the ones counted)."""
         if corruptor.whole_round:
             out, changed = corruptor.corrupt_round(t, pushes)
             self.corrupted_values += changed
             return out
-        out = []
-        for i, values in enumerate(pushes):
-            corrupted, changed = corruptor.corrupt_push(t, i, values)
+        out = list(pushes)
+        for i in aggregated:
+            out[i], changed = corruptor.corrupt_push(t, i, pushes[i])
             self.corrupted_values += changed
-            out.append(corrupted)
         return out
 
 
@@ -118,10 +129,12 @@ def simulate(
     dataset: Dataset | None = None,
     data_dir: str | None = None,
     on_round: Callable[[int, Simulation], None] | None = None,
+    participation: Participation | None = None,
 ) -> SimulationResult:
-    """Run ``cfg.rounds`` rounds; ``on_round(t, sim)`` is called after each round."""
+    """Run ``cfg.rounds`` rounds (aggregating the recorded ``participation``, default all
+    n every round); ``on_round(t, sim)`` is called after each round."""
     dataset = dataset or load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
-    sim = Simulation(cfg, attack, dataset)
+    sim = Simulation(cfg, attack, dataset, participation)
     started = time.perf_counter()
     for t in range(cfg.rounds):
         check_stop()

@@ -906,3 +906,86 @@ def test_a_non_worker_cannot_claim_worker_ids_to_evict_the_workers_sessions() ->
         reply = only(hello(core, role="evaluator", worker=1000 + i, peer=f"e{i}".encode()))
         assert isinstance(reply.header, Error) and reply.header.code == "malformed"
     assert (_worker_peer(0),) in core.sessions
+
+
+# -- round deadline and quorum (fake clock) ----------------------------------------------
+
+CFG5 = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rule="marmed", q=1,
+                 lr=0.5, rounds=4).validate()
+
+
+def test_a_round_closes_at_its_deadline_with_the_quorum_it_has(tmp_path) -> None:
+    core = make_core(tmp_path, cfg=CFG5, round_timeout_s=2.0, quorum=4)
+    for w in range(4):
+        ack = only(push(core, w, now=10.0 + w * 0.1))
+        assert ack.header == Ack(round=0, worker=w)
+    assert core.state.round == 0
+    assert core.deadline() == pytest.approx(12.0)  # counted from the round's first push
+    assert core.tick(11.9) == []
+    assert core.tick(12.0) == []  # (replies only to parked PULLs; none here)
+    assert core.state.round == 1
+    expected = SHARD - 0.5 * np.median(np.stack([grad(w) for w in range(4)]), axis=0)
+    np.testing.assert_allclose(core.state.params, expected, rtol=1e-6)
+    line = read_jsonl(tmp_path / "m.jsonl")[-1]
+    assert line["workers"] == [0, 1, 2, 3] and line["missing"] == [4]
+    # the late push of the closed round: stale-round with the current round
+    assert_error(push(core, 4, round_=0, now=12.5), ErrorCode.STALE_ROUND, 1, _worker_peer(4))
+    assert core.deadline() is None  # round 1 has no push yet: no clock runs
+
+
+def test_past_its_deadline_a_round_waits_for_the_quorum_and_closes_at_it(caplog) -> None:
+    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    for w in range(3):
+        push(core, w, pull_next=True, now=0.0)
+    with caplog.at_level(logging.WARNING, logger="ps.server"):
+        assert core.tick(5.0) == [] and core.tick(6.0) == []
+    assert sum("waiting for the quorum of 4" in r.message for r in caplog.records) == 1
+    replies = push(core, 3, pull_next=True, now=7.0)  # the 4th: closes at once
+    assert core.state.round == 1
+    assert sorted(r.envelope[0] for r in replies) == [_worker_peer(w) for w in range(4)]
+    assert all(isinstance(r.header, Params) and r.header.round == 1 for r in replies)
+
+
+def test_without_a_timeout_a_round_waits_for_all_n_forever() -> None:
+    core = make_core(cfg=CFG5)
+    for w in range(4):
+        push(core, w, now=0.0)
+    assert core.deadline() is None
+    assert core.tick(1e9) == [] and core.state.round == 0
+    push(core, 4, now=1e9)
+    assert core.state.round == 1
+
+
+def test_a_push_of_a_round_that_closed_without_it_is_stale_but_one_it_counted_repeats() -> None:
+    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    for w in range(4):
+        push(core, w, now=0.0)
+    core.tick(1.0)
+    assert only(push(core, 2, round_=0, now=1.1)).header == Ack(round=0, worker=2)
+    assert core.counters[REPEATED_PUSH] == 1
+    assert_error(push(core, 4, round_=0, now=1.1), ErrorCode.STALE_ROUND, 1, _worker_peer(4))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"quorum": 4}, "needs --round-timeout"),
+    ({"quorum": 3, "round_timeout_s": 1.0}, "n - q..n = 4..5"),
+    ({"quorum": 6, "round_timeout_s": 1.0}, "n - q..n = 4..5"),
+])
+def test_a_quorum_the_run_cannot_use_is_a_configuration_error(options, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ServerOptions(**options).check(CFG5)
+
+
+def test_a_quorum_too_small_for_the_rule_names_both_numbers() -> None:
+    cfg = RunConfig(dataset="synthetic", num_workers=7, num_shards=1, rule="krum", q=2,
+                    rounds=2).validate()
+    with pytest.raises(ConfigError, match=r"--quorum 5: rule krum cannot aggregate 5 rows"):
+        ServerOptions(quorum=5, round_timeout_s=1.0).check(cfg)
+    assert ServerOptions(quorum=7, round_timeout_s=1.0).check(cfg).quorum == 7
+
+
+def test_an_evaluator_that_reconnected_is_waited_for_on_its_new_socket_only() -> None:
+    core = make_core()
+    greet(core, EVALUATOR, "evaluator", -1)
+    greet(core, b"evaluator-again", "evaluator", -1)  # it reopened its socket
+    assert core.readers_waiting == {(b"evaluator-again",)}

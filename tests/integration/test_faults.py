@@ -1,0 +1,142 @@
+"""Crashed, stopped and restarted processes, through real processes: rounds close at
+their deadline with a quorum, stragglers catch up, the launcher restarts what died and
+resumes what was interrupted, and every run still ends bit-identical to the reference
+engine replaying the participation the servers recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import AttackConfig, RunConfig
+from common.data import load_dataset
+from common.metrics import read_jsonl
+from common.settings import SERVER, to_argv
+from ps.reference.engine import simulate
+from ps.reference.participation import read_participation
+from server.checkpoint import final_parameters, params_digest
+from tests.integration.conftest import wait_for
+from worker.evaluator import Evaluator
+
+pytestmark = pytest.mark.integration
+
+CFG = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rule="marmed", q=2,
+                rounds=30, seed=3).validate()
+DEADLINE = ["--round-timeout", "0.4", "--quorum", "3"]
+
+
+def _rounds(out: Path, shard: int = 0) -> list[dict]:
+    return read_jsonl(out / f"server-{shard}.jsonl")
+
+
+def _reference(cfg: RunConfig, out: Path, participation: bool = True):
+    import torch
+
+    torch.set_num_threads(1)  # as the workers compute
+    replay = (read_participation(out, cfg.num_shards, cfg.num_workers, cfg.rounds)
+              if participation else None)
+    return simulate(cfg, AttackConfig(), participation=replay)
+
+
+def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_path) -> None:
+    servers, nodes = [], []
+    for s in range(CFG.num_shards):
+        ready = tmp_path / f"server-{s}.endpoint"
+        proc = processes.start(f"server-{s}", "server.cli", [
+            "--shard", str(s), "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+            "--out-dir", str(tmp_path), "--linger", "0", "--insecure", *DEADLINE,
+            *to_argv(CFG, SERVER)])
+        servers.append(processes.endpoint(ready, proc))
+        nodes.append(proc)
+    workers = [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", ",".join(servers), "--worker-id", str(i), "--timeout", "30",
+        "--insecure", *to_argv(CFG, SERVER)]) for i in range(CFG.num_workers)]
+    wait_for(lambda: len(_rounds(tmp_path)) >= 4, 120, "round 4")
+    workers[2].process.send_signal(signal.SIGKILL)  # gone for good
+    os.kill(workers[3].process.pid, signal.SIGSTOP)  # a straggler
+    try:
+        wait_for(lambda: sum(r["missing"] == [2, 3] for r in _rounds(tmp_path)) >= 3, 60,
+                 "three rounds closed at their deadline without workers 2 and 3")
+    finally:
+        os.kill(workers[3].process.pid, signal.SIGCONT)
+    for i in (0, 1, 3, 4):
+        assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
+    assert all(processes.wait_exit(node, 60) == 0 for node in nodes)
+    assert any("catching up" in line for line in workers[3].tail(50))
+    for s in range(CFG.num_shards):
+        rounds = _rounds(tmp_path, s)
+        assert [r["round"] for r in rounds] == list(range(CFG.rounds))
+        assert rounds[-1]["missing"] == [2]  # the straggler is back; the killed one is not
+        assert all(sorted(r["workers"] + r["missing"]) == list(range(5)) for r in rounds)
+    params = final_parameters(tmp_path, CFG.num_shards)
+    replayed = _reference(CFG, tmp_path)
+    assert replayed.digest == params_digest(params)
+    # the quorum costs little accuracy: against the run without faults
+    clean = _reference(CFG, tmp_path, participation=False)
+    evaluator = Evaluator(CFG, load_dataset("synthetic", seed=CFG.seed), 512)
+    faulty_top1 = evaluator.evaluate(params).top1
+    clean_top1 = evaluator.evaluate(clean.params).top1
+    assert abs(faulty_top1 - clean_top1) <= 0.05, (faulty_top1, clean_top1)
+
+
+def _cluster_args(out: Path, rounds: int, *extra: str) -> list[str]:
+    return ["--dataset", "synthetic", "--workers", "4", "--shards", "2", "--rule", "mean",
+            "--q", "0", "--rounds", str(rounds), "--seed", "5", "--checkpoint-every", "10",
+            "--out-dir", str(out), "--no-evaluator", "--timeout", "5", *extra]
+
+
+def _pid_of(out: Path, *words: str) -> int | None:
+    """The pid of the process whose command line holds ``out`` and ``words`` in a row."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = " ".join(a.decode(errors="replace") for a in argv)
+        if str(out) in text and f" {' '.join(words)} " in f" {text} ":
+            return int(entry.name)
+    return None
+
+
+def test_a_killed_server_is_restarted_and_the_run_ends_bit_identical(processes,
+                                                                       tmp_path) -> None:
+    out = tmp_path / "run"
+    launcher = processes.start("cluster", "ps.launcher.cli",
+                               _cluster_args(out, 60, "--verify"))
+    wait_for(lambda: len(_rounds(out, 1)) >= 15, 120, "round 15 on shard 1")
+    server = _pid_of(out, "--shard", "1")
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    assert processes.wait_exit(launcher, 240) == 0, launcher.tail(30)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"] == "finished"
+    assert [r["process"] for r in summary["restarts"]] == ["server-1"]
+    assert any("verified" in line for line in launcher.tail(5))
+
+
+def test_a_run_whose_launcher_was_killed_resumes_bit_identical(processes, tmp_path) -> None:
+    out = tmp_path / "run"
+    launcher = processes.start("cluster", "ps.launcher.cli", _cluster_args(out, 60))
+    wait_for(lambda: len(_rounds(out, 0)) >= 15, 120, "round 15")
+    launcher.process.send_signal(signal.SIGKILL)
+    # its children get SIGTERM (parent-death signal): the servers save and exit
+    wait_for(lambda: _pid_of(out, "server.cli") is None and _pid_of(out, "worker.cli") is None,
+             60, "the launcher's children to exit")
+    stopped_at = [r["round"] for r in _rounds(out, 0)][-1]
+    assert stopped_at < 59
+    resumed = processes.start("resume", "ps.launcher.cli", ["--resume", str(out), "--verify"])
+    assert processes.wait_exit(resumed, 240) == 0, resumed.tail(30)
+    assert any("verified" in line for line in resumed.tail(5))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["rounds_done"] == 60
+    # and the same as a run never interrupted (no round closed short here)
+    cfg = RunConfig(dataset="synthetic", num_workers=4, num_shards=2, rule="mean", q=0,
+                    rounds=60, seed=5).validate()
+    np.testing.assert_array_equal(final_parameters(out, 2), _reference(cfg, out, False).params)
