@@ -63,3 +63,17 @@ def test_server_refuses_a_shard_outside_the_cluster() -> None:
 def test_keys_and_insecure_together_are_a_configuration_error(tmp_path) -> None:
     result = CliRunner().invoke(server_main, ["--keys", str(tmp_path), "--insecure"])
     assert result.exit_code == EXIT_CONFIG and "contradict" in result.output
+
+
+@pytest.mark.parametrize("command", [server_main, cluster_main])
+def test_a_quorum_below_n_minus_q_is_refused_at_start_naming_both(command, tmp_path) -> None:
+    args = ["--dataset", "synthetic", "--workers", "10", "--q", "2", "--rule", "marmed",
+            "--round-timeout", "1", "--quorum", "7", "--insecure", "--out-dir", str(tmp_path)]
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert "--quorum 7 must be in n - q..n = 8..10" in result.output
+
+
+def test_resume_of_a_directory_that_holds_no_run_is_a_configuration_error(tmp_path) -> None:
+    result = CliRunner().invoke(cluster_main, ["--resume", str(tmp_path)])
+    assert result.exit_code == EXIT_CONFIG and "command.json" in result.output

@@ -1,0 +1,457 @@
+"""Regression tests through real processes for messages and loads that used to crash or
+exhaust a server or a proxy: each node must refuse them, stay bounded, and keep serving
+the honest workers to the end of the run."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import socket
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from common.config import AttackConfig, RunConfig
+from common.protocol import (
+    CHUNK_BYTES,
+    PROTOCOL_VERSION,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Op,
+    Params,
+    Pull,
+    Push,
+    Status,
+    StatusReply,
+    Welcome,
+    decode,
+    encode,
+)
+from common.settings import PROXY, SERVER, WORKER, to_argv
+from common.transport import MAX_ROUTING_ID_BYTES
+from ps.launcher.processes import ManagedProcess
+from server.checkpoint import checkpoint_path, load_checkpoint
+from server.core import MAX_PARKED_PER_PEER
+from tests.integration.conftest import Processes, wait_for
+
+pytestmark = pytest.mark.integration
+
+CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
+                rounds=4, seed=5).validate()
+# for the future-round flood: rounds 2..601 must all lie inside the run
+LONG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
+                 rounds=1000, seed=5).validate()
+MB = 1 << 20
+REPLY_TIMEOUT_S = 20.0
+
+
+# -- processes -------------------------------------------------------------------------
+
+
+def start_server(processes: Processes, tmp_path: Path, cfg: RunConfig = CFG,
+                 *extra: str) -> tuple[ManagedProcess, str]:
+    """An insecure server of shard 0 writing into ``tmp_path / "out"``; its endpoint."""
+    ready = tmp_path / "server.endpoint"
+    proc = processes.start("server-0", "server.cli", [
+        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path / "out"), "--linger", "0", "--insecure", *extra,
+        *to_argv(cfg, SERVER)])
+    return proc, processes.endpoint(ready, proc)
+
+
+def start_proxy(processes: Processes, tmp_path: Path, server: str, attack: str,
+                cfg: RunConfig = CFG) -> tuple[ManagedProcess, str]:
+    """An insecure proxy running ``attack`` in front of ``server``; its endpoint."""
+    victims = (0,) if attack == "omniscient" else ()
+    config = AttackConfig.build(proxy_attack=attack, proxy_victims=victims).validate(cfg)
+    ready = tmp_path / "proxy.endpoint"
+    proc = processes.start("proxy-0", "ps.proxy.cli", [
+        "--bind", "tcp://127.0.0.1:*", "--server", server, "--shard", "0",
+        "--ready-file", str(ready), "--out-dir", str(tmp_path / "out"), "--insecure",
+        *to_argv(config, PROXY), *to_argv(config.attack(attack), PROXY), *to_argv(cfg, PROXY)])
+    return proc, processes.endpoint(ready, proc)
+
+
+def start_workers(processes: Processes, endpoint: str, ids: range | list[int],
+                  cfg: RunConfig = CFG) -> list[ManagedProcess]:
+    return [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", endpoint, "--worker-id", str(i), "--timeout", "60", "--insecure",
+        *to_argv(cfg, WORKER)]) for i in ids]
+
+
+def memory_mb(proc: ManagedProcess) -> dict[str, float]:
+    """``VmRSS`` (now) and ``VmHWM`` (peak) of a process, in MB."""
+    fields = {}
+    for line in Path(f"/proc/{proc.process.pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) / 1024
+    return fields
+
+
+def reset_peak(proc: ManagedProcess) -> float:
+    """Make the process's peak RSS its current RSS (``clear_refs``); that RSS in MB."""
+    Path(f"/proc/{proc.process.pid}/clear_refs").write_text("5")
+    return memory_mb(proc)["VmHWM"]
+
+
+def open_files(proc: ManagedProcess) -> int:
+    return len(os.listdir(f"/proc/{proc.process.pid}/fd"))
+
+
+def log_text(proc: ManagedProcess) -> str:
+    return proc.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+# -- a raw peer --------------------------------------------------------------------------
+
+
+class Peer:
+    """A DEALER that sends arbitrary frames and collects replies with a deadline."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames, copy=False)
+
+    def replies(self, count: int, timeout_s: float = REPLY_TIMEOUT_S) -> list[Header]:
+        """The next ``count`` replies; fails the test if they do not all come in time."""
+        out: list[Header] = []
+        for _ in range(count):
+            if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+                pytest.fail(f"{len(out)} of {count} replies came within {timeout_s:g} s")
+            frames = self.sock.recv_multipart()
+            assert frames[0] == b"", frames[:2]
+            out.append(decode(frames[1:]).header)
+        return out
+
+    def ask(self, frames: list[bytes]) -> Header:
+        self.send(frames)
+        return self.replies(1)[0]
+
+    def ask_all(self, messages: list[list[bytes]], window: int = 8) -> list[Header]:
+        """Send ``messages``, at most ``window`` unanswered at a time (what piles up in
+        the node's queues stays small), and return their replies."""
+        out: list[Header] = []
+        for i, frames in enumerate(messages):
+            if i - len(out) >= window:
+                out += self.replies(1)
+            self.send(frames)
+        return out + self.replies(len(messages) - len(out))
+
+    def quiet(self, timeout_s: float) -> bool:
+        """Nothing arrives within ``timeout_s``."""
+        return not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def peers():
+    """``peers(endpoint)``: a raw peer, closed at teardown."""
+    made: list[Peer] = []
+
+    def make(endpoint: str) -> Peer:
+        made.append(Peer(endpoint))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def push(round_: int, worker: int, values: np.ndarray) -> list[bytes]:
+    return [b"", *encode(Push(round=round_, worker=worker, length=values.size), values)]
+
+
+def hello(role: str = "monitor", worker: int = -1, cfg: RunConfig = CFG) -> list[bytes]:
+    return [b"", *encode(Hello(role=role, worker=worker, config_hash=cfg.config_hash))]
+
+
+def status() -> list[bytes]:
+    return [b"", *encode(Status())]
+
+
+def shard_size(peer: Peer, cfg: RunConfig = CFG) -> int:
+    """The shard's number of values, from a WELCOME (the peer says HELLO as a monitor)."""
+    welcome = peer.ask(hello(cfg=cfg))
+    assert isinstance(welcome, Welcome), welcome
+    return welcome.stop - welcome.start
+
+
+def assert_errors(replies: list[Header], code: ErrorCode) -> None:
+    bad = [r for r in replies if not (isinstance(r, Error) and r.code == code.value)]
+    assert not bad, f"{len(bad)} of {len(replies)} replies are not {code.value}: {bad[:3]}"
+
+
+def finish(processes: Processes, nodes: list[ManagedProcess],
+           workers: list[ManagedProcess]) -> None:
+    """The workers and then the nodes exit 0 (the run went to its end)."""
+    for proc in [*workers, *nodes]:
+        code = processes.wait_exit(proc, 120)
+        assert code == 0, (proc.name, code, proc.tail())
+
+
+# -- 1. a HELLO whose settings map has a bytes key ---------------------------------------
+
+
+def test_hello_with_a_bytes_settings_key_is_refused_by_server_and_through_proxy(
+        processes, peers, tmp_path) -> None:
+    server_proc, server = start_server(processes, tmp_path)
+    proxy_proc, proxy = start_proxy(processes, tmp_path, server, "gambler")
+    # another hash, so the server compares the settings: a bytes key among the str keys
+    # (which cannot be sorted together) is named in the refusal, not answered "internal"
+    header = msgpack.packb({
+        "v": PROTOCOL_VERSION, "op": int(Op.HELLO), "role": "worker", "worker": 0,
+        "config_hash": "0" * 16, "config": {**CFG.to_dict(), b"lr": 1}})
+    for endpoint in (server, proxy):
+        reply = peers(endpoint).ask([b"", header])
+        assert isinstance(reply, Error), (endpoint, reply)
+        assert reply.code == ErrorCode.CONFIG_MISMATCH.value and "b'lr'" in reply.message
+    assert server_proc.running and proxy_proc.running
+    workers = start_workers(processes, proxy, range(CFG.num_workers))
+    finish(processes, [proxy_proc, server_proc], workers)
+
+
+# -- 2. pushes a proxy must refuse before corrupting or holding them ---------------------
+
+
+@pytest.mark.parametrize("attack", ["gambler", "bitflip", "omniscient"])
+def test_proxy_refuses_bad_push_rows_and_keeps_relaying(processes, peers, tmp_path,
+                                                        attack: str) -> None:
+    server_proc, server = start_server(processes, tmp_path)
+    proxy_proc, proxy = start_proxy(processes, tmp_path, server, attack)
+    peer = peers(proxy)
+    size = shard_size(peer)
+    good = np.zeros(size, dtype=np.float32)
+    hostile = {
+        ErrorCode.UNKNOWN_WORKER: [push(0, -1, good), push(0, CFG.num_workers, good)],
+        ErrorCode.STALE_ROUND: [push(-1, 0, good)],
+        # one value; and a whole round of unequal lengths, which an attack that stacks
+        # the round's pushes (omniscient) cannot take
+        ErrorCode.WRONG_LENGTH: [push(0, 0, np.zeros(1, np.float32)),
+                                 *[push(0, w, np.zeros(size + 1 + w, np.float32))
+                                   for w in range(CFG.num_workers)]],
+    }
+    for code, messages in hostile.items():
+        assert_errors(peer.ask_all(messages), code)
+    assert proxy_proc.running and server_proc.running
+    assert isinstance(peer.ask(status()), StatusReply)  # still relaying
+    workers = start_workers(processes, proxy, range(CFG.num_workers))
+    finish(processes, [proxy_proc, server_proc], workers)
+
+
+# -- 3. a flood of future-round pushes to a proxy that holds rounds ----------------------
+
+
+def test_future_round_pushes_are_refused_not_held_by_an_omniscient_proxy(
+        processes, peers, tmp_path) -> None:
+    _, server = start_server(processes, tmp_path, LONG)
+    proxy_proc, proxy = start_proxy(processes, tmp_path, server, "omniscient", LONG)
+    peer = peers(proxy)
+    values = np.ones(shard_size(peer, LONG), dtype=np.float32)
+    limit_mb = 30
+    flood = 600
+    # held, these pushes would take 600 x the shard (about 280 MB for the MLP)
+    assert flood * values.nbytes / MB > 5 * limit_mb
+    assert_errors(peer.ask_all([push(r, 0, values) for r in range(700, 710)]),
+                  ErrorCode.WRONG_ROUND)  # warm-up: buffers every message needs
+    baseline = reset_peak(proxy_proc)
+    replies = peer.ask_all([push(r, r % LONG.num_workers, values)
+                            for r in range(2, 2 + flood)])
+    assert_errors(replies, ErrorCode.WRONG_ROUND)
+    growth = memory_mb(proxy_proc)["VmHWM"] - baseline
+    assert growth < limit_mb, f"proxy peak RSS grew {growth:.0f} MB"
+    assert proxy_proc.running and isinstance(peer.ask(status()), StatusReply)
+
+
+# -- 4. routing frames larger than any routing id -----------------------------------------
+
+
+def big_envelope(frames: list[bytes]) -> list[bytes]:
+    """``frames`` (which start with the delimiter) behind a 100 KB routing frame."""
+    return [b"x" * 100_000, *frames]
+
+
+def test_large_routing_frames_are_refused_and_not_kept(processes, peers, tmp_path) -> None:
+    assert MAX_ROUTING_ID_BYTES < 100_000
+    server_proc, server = start_server(processes, tmp_path)
+    proxy_proc, proxy = start_proxy(processes, tmp_path, server, "gambler")
+    limit_mb = 30
+    for node, endpoint, messages in [
+        (proxy_proc, proxy, [big_envelope([b"", *encode(Pull(round=-1, worker=0))])] * 50),
+        (server_proc, server, [big_envelope(hello())] * 50
+         + [big_envelope([b"", *encode(Pull(round=1, worker=-1))])] * 30),
+    ]:
+        peer = peers(endpoint)
+        assert isinstance(peer.ask(status()), StatusReply)  # warm-up
+        baseline = reset_peak(node)
+        # each refused, answered on the first routing frame (the peer's own identity)
+        assert_errors(peer.ask_all(messages), ErrorCode.MALFORMED)
+        growth = memory_mb(node)["VmHWM"] - baseline
+        assert growth < limit_mb, f"{node.name} peak RSS grew {growth:.0f} MB"
+        reply = peer.ask(status())
+        assert isinstance(reply, StatusReply) and reply.round == 0
+    assert reply.counters[ErrorCode.MALFORMED.value] == 80  # the server's own count
+
+
+# -- 5. one peer parking PULLs -------------------------------------------------------------
+
+
+def test_one_peer_cannot_fill_the_parking_for_the_others(processes, peers, tmp_path) -> None:
+    assert CFG.rounds > MAX_PARKED_PER_PEER
+    server_proc, server = start_server(processes, tmp_path)
+    greedy, other = peers(server), peers(server)
+    shard_size(greedy)
+    shard_size(other)
+    # 4,100 PULLs for the future rounds 1..R in turn: the first MAX_PARKED_PER_PEER
+    # rounds are parked (a repeat replaces its round's entry), every other one is BUSY
+    pulls = [1 + i % CFG.rounds for i in range(4100)]
+    for start in range(0, len(pulls), 100):
+        batch = pulls[start:start + 100]
+        for round_ in batch:
+            greedy.send([b"", *encode(Pull(round=round_, worker=-1))])
+        busy = sum(r > MAX_PARKED_PER_PEER for r in batch)
+        assert_errors(greedy.replies(busy), ErrorCode.BUSY)
+    other.send([b"", *encode(Pull(round=1, worker=-1))])
+    assert other.quiet(0.3)  # parked, not refused
+    workers = start_workers(processes, server, range(CFG.num_workers))
+    finish(processes, [server_proc], workers)
+    [params] = other.replies(1)
+    assert isinstance(params, Params) and params.round == 1
+    answered = greedy.replies(MAX_PARKED_PER_PEER)
+    assert all(isinstance(p, Params) for p in answered), answered
+    assert sorted(p.round for p in answered) == list(range(1, MAX_PARKED_PER_PEER + 1))
+    assert greedy.quiet(0.3)  # each parked round answered once
+
+
+# -- 6. a message of 500 MB in legal-sized frames -----------------------------------------
+
+
+def send_huge_push(peer: Peer, frame: bytes, count: int) -> None:
+    """A PUSH header announcing ``count`` frames of ``frame``, then those frames (the same
+    buffer each time, not copied)."""
+    header = msgpack.packb({"v": PROTOCOL_VERSION, "op": int(Op.PUSH), "round": 0,
+                            "worker": 0, "length": count * len(frame) // 4})
+    peer.sock.send_multipart([b"", header], flags=zmq.SNDMORE)
+    for i in range(count):
+        peer.sock.send(frame, copy=False, flags=zmq.SNDMORE if i < count - 1 else 0)
+
+
+def test_a_500_mb_push_is_refused_as_too_large_and_not_kept(processes, peers,
+                                                             tmp_path) -> None:
+    server_proc, server = start_server(processes, tmp_path)
+    proxy_proc, proxy = start_proxy(processes, tmp_path, server, "gambler")
+    frame, count = b"\x00" * CHUNK_BYTES, 125
+    size_mb = count * len(frame) / MB
+    for node, endpoint in [(server_proc, server), (proxy_proc, proxy)]:
+        peer = peers(endpoint)
+        assert isinstance(peer.ask(status()), StatusReply)  # warm-up
+        baseline = reset_peak(node)
+        send_huge_push(peer, frame, count)
+        [reply] = peer.replies(1, timeout_s=60)
+        assert isinstance(reply, Error) and reply.code == ErrorCode.TOO_LARGE.value, reply
+        memory = memory_mb(node)
+        # libzmq hands a multipart message over only once all of it is in, so the peak
+        # holds it once; the node keeps none of it (it used to keep every frame)
+        assert memory["VmHWM"] - baseline < size_mb + 100, (node.name, memory, baseline)
+        assert memory["VmRSS"] - baseline < 100, (node.name, memory, baseline)
+        assert node.running and isinstance(peer.ask(status()), StatusReply)
+
+
+# -- 7. connections that take every descriptor --------------------------------------------
+
+
+def test_descriptor_exhaustion_fails_checkpoints_not_the_server(processes, peers,
+                                                                tmp_path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} files; the test needs 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    out = tmp_path / "out"
+    server_proc, server = start_server(processes, tmp_path, CFG, "--checkpoint-every", "1")
+    pid = server_proc.process.pid
+    # worker 1 is this raw peer until the descriptors are back: it decides when rounds end
+    raw = peers(server)
+    assert isinstance(raw.ask(hello("worker", 1)), Welcome)
+    size = shard_size(peers(server))
+    [worker0] = start_workers(processes, server, [0])
+    assert raw.ask(push(0, 1, np.zeros(size, np.float32))).round == 0
+    wait_for(lambda: checkpoint_path(out, 0).exists(), 60, "the checkpoint of round 1")
+
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    host, port = server.removeprefix("tcp://").rsplit(":", 1)
+    base = open_files(server_proc)
+    idle: list[socket.socket] = []
+    try:
+        # in batches the server accepts before the next (a full accept queue drops the
+        # handshake's last ACK, and an idle client would never know)
+        while len(idle) < 1100:
+            for _ in range(50):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                idle.append(s)
+                s.setblocking(False)
+                code = s.connect_ex((host, int(port)))
+                assert code in (0, errno.EINPROGRESS), os.strerror(code)
+            wanted = min(1024, base + len(idle))
+            wait_for(lambda n=wanted: open_files(server_proc) >= n, 30,
+                     f"the server to hold {wanted} descriptors")
+        assert raw.ask(push(1, 1, np.zeros(size, np.float32))).round == 1
+        wait_for(lambda: "checkpoint of round 2" in log_text(server_proc), 30,
+                 "the failed checkpoint of round 2 to be logged")
+        assert server_proc.running
+    finally:
+        for s in idle:
+            s.close()
+    wait_for(lambda: open_files(server_proc) < 200, 30, "the server to close the connections")
+    status_reply = raw.ask(status())
+    assert isinstance(status_reply, StatusReply)
+    assert status_reply.counters["checkpoint-failed"] >= 1
+    assert "failed" in log_text(server_proc).split("checkpoint of round 2", 1)[1][:300]
+    [worker1] = start_workers(processes, server, [1])
+    finish(processes, [server_proc], [worker0, worker1])
+    assert load_checkpoint(checkpoint_path(out, 0)).round == CFG.rounds
+    assert not list(out.glob("*.tmp"))
+
+
+# -- 8. the disk fills during a checkpoint ------------------------------------------------
+
+
+def test_a_checkpoint_past_the_file_size_limit_fails_and_the_next_succeeds(
+        processes, peers, tmp_path) -> None:
+    out = tmp_path / "out"
+    server_proc, server = start_server(processes, tmp_path, CFG, "--checkpoint-every", "1")
+    pid = server_proc.process.pid
+    raw = peers(server)
+    assert isinstance(raw.ask(hello("worker", 1)), Welcome)
+    size = shard_size(peers(server))
+    limit = 64 * 1024  # below the checkpoint; above the log and metrics files
+    assert 4 * size > limit
+    [worker0] = start_workers(processes, server, [0])
+    previous = resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    assert server_proc.log_path.stat().st_size < limit // 2
+    assert raw.ask(push(0, 1, np.zeros(size, np.float32))).round == 0
+    wait_for(lambda: "checkpoint of round 1" in log_text(server_proc), 30,
+             "the failed checkpoint of round 1 to be logged")
+    assert "failed" in log_text(server_proc).split("checkpoint of round 1", 1)[1][:300]
+    assert not checkpoint_path(out, 0).exists() and not list(out.glob("*.tmp"))
+
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, previous)
+    assert raw.ask(push(1, 1, np.zeros(size, np.float32))).round == 1
+    wait_for(lambda: checkpoint_path(out, 0).exists(), 30, "the checkpoint of round 2")
+    assert load_checkpoint(checkpoint_path(out, 0)).round == 2
+    assert server_proc.running
+    [worker1] = start_workers(processes, server, [1])
+    finish(processes, [server_proc], [worker0, worker1])
+    assert load_checkpoint(checkpoint_path(out, 0)).round == CFG.rounds
+    assert not list(out.glob("*.tmp"))
