@@ -41,6 +41,9 @@ class Checkpoint:
     round: int
     config_hash: str
     params: np.ndarray
+    # the parameters of the round before (None at round 0): a resumed server still
+    # serves them, so workers can finish that round on a shard that lags by one
+    previous: np.ndarray | None = None
 
 
 def checkpoint_path(out_dir: Path, shard: int) -> Path:
@@ -53,8 +56,9 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
+            extra = {} if ckpt.previous is None else {"previous": ckpt.previous}
             np.savez(f, shard=np.int64(ckpt.shard), round=np.int64(ckpt.round),
-                     config_hash=np.array(ckpt.config_hash), params=ckpt.params)
+                     config_hash=np.array(ckpt.config_hash), params=ckpt.params, **extra)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -129,6 +133,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
                 round=int(data["round"]),
                 config_hash=str(data["config_hash"]),
                 params=np.array(data["params"], dtype=np.float32),
+                previous=(np.array(data["previous"], dtype=np.float32)
+                          if "previous" in data.files else None),
             )
     except (OSError, KeyError, ValueError) as exc:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc

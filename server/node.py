@@ -86,6 +86,6 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
 def _poll_ms(core: ServerCore, now: float) -> int:
     """How long to wait for a message: ``POLL_MS``, less if the round's deadline is nearer."""
     deadline = core.deadline()
-    if deadline is None:
+    if deadline is None or deadline <= now:  # past it, pushes (or ticks) close the round
         return POLL_MS
     return max(1, min(POLL_MS, int((deadline - now) * 1000) + 1))

@@ -59,8 +59,9 @@ class ShardState:
         # round -> the workers it aggregated, for the rounds whose result is in history
         self.participation: dict[int, np.ndarray] = {}
 
-    def restore(self, round_: int, params: np.ndarray) -> None:
-        """Continue at ``round_`` with ``params`` (from a checkpoint)."""
+    def restore(self, round_: int, params: np.ndarray,
+                previous: np.ndarray | None = None) -> None:
+        """Continue at ``round_`` with ``params`` (and the round before's, if saved)."""
         if not 0 <= round_ <= self.cfg.rounds:
             raise ConfigError(f"checkpoint round {round_} outside 0..{self.cfg.rounds}")
         if params.size != self.size:
@@ -70,6 +71,8 @@ class ShardState:
         self.round = round_
         self.received[:] = False
         self.history = {round_: self.params}
+        if previous is not None and round_ > 0 and previous.size == self.size:
+            self.history[round_ - 1] = np.array(previous, dtype=np.float32, copy=True)
         # who pushed the round before is not saved; a push of it is answered as a
         # repeat (the pusher goes on at round_, as a late one would after stale-round)
         self.participation = ({round_ - 1: np.ones(self.cfg.num_workers, dtype=bool)}
@@ -142,6 +145,9 @@ class ShardState:
                 ErrorCode.UNKNOWN_WORKER,
                 f"worker {worker} is not in 0..{self.cfg.num_workers - 1}",
             )
+        if round_ < self.round:  # (also the last round, closed without this worker)
+            raise Refused(ErrorCode.STALE_ROUND,
+                          f"push for round {round_}, current round is {self.round}")
         if self.finished:
             raise Refused(ErrorCode.FINISHED, f"the run finished after {self.cfg.rounds} rounds")
         if round_ != self.round:

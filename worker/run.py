@@ -70,6 +70,9 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             except ServerRefused as exc:
                 if exc.code != ErrorCode.STALE_ROUND.value:
                     raise
+                if exc.round >= cfg.rounds:
+                    log.warning("the last round closed without this worker; the run is over")
+                    break
                 log.warning("round %d closed without this worker (a server is at round %d); "
                             "catching up", t, exc.round)
                 t, x = catch_up(client, exc.round)

@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 
 from common.config import AttackConfig, RunConfig
-from common.errors import EXIT_CONFIG, EXIT_PEER, ClusterTimeout, ConfigError, PSError
+from common.errors import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_PEER,
+    ClusterTimeout,
+    ConfigError,
+    PSError,
+)
 from common.keys import SecurityOptions, create_keys
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, check_stop
@@ -141,7 +148,6 @@ class Cluster:
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> ClusterResult:
         """Start everything, supervise until the run finishes, return the result; always
         clean up and write ``summary.json``."""
-        check_launchable(self.spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(
@@ -151,6 +157,7 @@ class Cluster:
                                              encoding="utf-8")
         self.started = time.monotonic()
         try:
+            check_launchable(self.spec)
             self.security = self._keys()
             servers = self._start_servers()
             fronts = self._start_proxies(servers)
@@ -162,9 +169,11 @@ class Cluster:
             return self._result()
         except BaseException as exc:
             stop_all(self.processes)
+            interrupted = isinstance(exc, KeyboardInterrupt)
             self._write_summary(_outcome(exc),
                                 reason=getattr(exc, "reason", str(exc).split("\n")[0]),
-                                exit_code=getattr(exc, "exit_code", EXIT_PEER))
+                                exit_code=EXIT_INTERRUPTED if interrupted
+                                else getattr(exc, "exit_code", EXIT_PEER))
             raise
 
     def _keys(self) -> SecurityOptions:
@@ -453,14 +462,14 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     out = spec.out_dir
     cfg = spec.cfg
     rounds = {s: load_checkpoint(checkpoint_path(out, s)).round
-              for s in range(cfg.num_shards) if checkpoint_path(out, s).exists()}
-    if rounds and max(rounds.values()) - min(rounds.values()) > 1:
+              if checkpoint_path(out, s).exists() else 0 for s in range(cfg.num_shards)}
+    if max(rounds.values()) - min(rounds.values()) > 1:
         raise ConfigError(f"cannot resume {out}: the shards' checkpoints are at rounds "
                           f"{rounds}, more than one round apart (the servers were not stopped "
                           f"cleanly, and the workers' gradients of the rounds between are gone)")
-    if rounds and min(rounds.values()) >= cfg.rounds:
+    if min(rounds.values()) >= cfg.rounds:
         raise ConfigError(f"nothing to resume: the run in {out} finished all {cfg.rounds} "
                           f"rounds")
-    log.info("resuming %s from checkpoints at rounds %s", out, rounds or "none (round 0)")
+    log.info("resuming %s from checkpoints at rounds %s", out, rounds)
     return replace(spec, server=replace(spec.server, resume=True),
                    cluster=replace(spec.cluster, resume=None))

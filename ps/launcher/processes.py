@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -37,7 +38,8 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 env=child_environment(self.env),
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops us
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=(functools.partial(_die_with_parent, os.getpid())
+                            if sys.platform == "linux" else None),
             )
 
     @property
@@ -62,10 +64,13 @@ class ManagedProcess:
             return []
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(launcher: int) -> None:
     """(In the child, before exec.) Get SIGTERM when the launcher dies, even by SIGKILL:
-    no orphan keeps a port, and every server saves its checkpoint on the way out."""
+    no orphan keeps a port, and every server saves its checkpoint on the way out. A
+    launcher that died before the signal was armed is noticed too."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != launcher:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def child_environment(extra: dict[str, str]) -> dict[str, str]:

@@ -989,3 +989,30 @@ def test_an_evaluator_that_reconnected_is_waited_for_on_its_new_socket_only() ->
     greet(core, EVALUATOR, "evaluator", -1)
     greet(core, b"evaluator-again", "evaluator", -1)  # it reopened its socket
     assert core.readers_waiting == {(b"evaluator-again",)}
+
+
+def test_a_checkpoint_keeps_the_round_before_and_a_restored_core_serves_it(tmp_path) -> None:
+    from server.checkpoint import load_checkpoint, save_checkpoint
+
+    core = make_core()
+    for w in range(3):
+        push(core, w)
+    saved = core.snapshot()
+    assert saved.round == 1 and saved.previous is not None
+    save_checkpoint(tmp_path / "c.npz", saved)
+    resumed = make_core()
+    resumed.restore(load_checkpoint(tmp_path / "c.npz"))
+    # a shard that lagged by one round still gets round 0 from its workers, who need
+    # x^0 of this shard to compute it: it is still served, and their pushes repeat
+    assert_params(only(pull(resumed, 0)), 0, SHARD, b"reader")
+    assert only(push(resumed, 1, round_=0)).header == Ack(round=0, worker=1)
+
+
+def test_the_late_push_of_a_last_round_closed_without_it_is_stale_not_finished() -> None:
+    cfg = replace(CFG5, rounds=1)
+    core = make_core(cfg=cfg, round_timeout_s=1.0, quorum=4)
+    for w in range(4):
+        push(core, w, now=0.0)
+    core.tick(1.0)
+    assert core.state.finished
+    assert_error(push(core, 4, round_=0, now=1.5), ErrorCode.STALE_ROUND, 1, _worker_peer(4))
