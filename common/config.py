@@ -231,6 +231,12 @@ class AttackConfig:
         """The proxy replaces whole pushes of its victims (classic model)."""
         return isinstance(self.params.get(self.proxy_attack), VectorAttack)
 
+    @property
+    def proxy_holds_rounds(self) -> bool:
+        """The proxy's attack reads every honest push of a round before it forwards any."""
+        attack = self.params.get(self.proxy_attack)
+        return isinstance(attack, VectorAttack) and attack.reads_honest
+
     def is_byzantine(self, worker: int) -> bool:
         return self.worker_attack != NO_ATTACK and worker in self.byzantine_workers
 

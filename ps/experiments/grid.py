@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from common.config import AttackConfig, RunConfig
@@ -74,7 +75,7 @@ class Cell:
         cfg = RunConfig(**self.run).validate()
         return cfg, AttackConfig.build(**self.attack).validate(cfg)
 
-    @property
+    @cached_property
     def key(self) -> str:
         """Stable hash of every setting that changes the result (not the figure)."""
         cfg, attack = self.configs()
@@ -139,11 +140,10 @@ def paper_cells(spec: GridSpec) -> list[Cell]:
 
 def _unique(cells: list[Cell]) -> list[Cell]:
     """Cells whose settings repeat (a sweep point equal to a grid cell) once, first kept."""
-    seen: dict[str, Cell] = {}
+    seen: set[tuple[str, str]] = set()
     out = []
     for cell in cells:
-        key = (cell.figure, cell.key)
-        if key not in seen:
-            seen[key] = cell
+        if (cell.figure, cell.key) not in seen:
+            seen.add((cell.figure, cell.key))
             out.append(cell)
     return out

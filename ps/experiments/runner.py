@@ -44,6 +44,7 @@ def run_cell(cell: Cell, data_dir: str | None, eval_every: int,
     import torch
 
     from common.data import load_dataset
+    from common.model_init import initial_parameters
     from ps.reference.engine import simulate
     from worker.evaluator import Evaluator
 
@@ -55,30 +56,17 @@ def run_cell(cell: Cell, data_dir: str | None, eval_every: int,
     evaluator = Evaluator(cfg, _datasets[key], eval_samples)
     points = []
 
-    def evaluate(t: int, sim) -> None:
-        if t % eval_every and t != cfg.rounds:
-            return
-        e = evaluator.evaluate(sim.params())
+    def record(t: int, params) -> None:
+        e = evaluator.evaluate(params)
         points.append({"round": t, "top1": e.top1, "top3": e.top3, "loss": e.loss})
 
-    evaluate(0, _Initial(cfg))
-    result = simulate(cfg, attack, dataset=_datasets[key], on_round=evaluate)
+    record(0, initial_parameters(cfg))
+    result = simulate(cfg, attack, dataset=_datasets[key], on_round=lambda t, sim: (
+        record(t, sim.params()) if t % eval_every == 0 or t == cfg.rounds else None))
     return {"key": cell.key, "figure": cell.figure, "scenario": cell.scenario,
             "rule": cell.rule, "q": cfg.q, "batch_size": cfg.batch_size, "seed": cfg.seed,
             "rounds": cfg.rounds, "dataset": cfg.dataset, "seconds": result.seconds,
             "params_sha256": result.digest, "points": points}
-
-
-class _Initial:
-    """The parameters before round 1, for the evaluation at round 0."""
-
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-
-    def params(self):
-        from common.model_init import initial_parameters
-
-        return initial_parameters(self.cfg)
 
 
 def run_cells(cells: Iterable[Cell], out: Path, jobs: int, data_dir: str | None,
@@ -88,20 +76,20 @@ def run_cells(cells: Iterable[Cell], out: Path, jobs: int, data_dir: str | None,
     """Every cell's result: cached ones read, the others computed ``jobs`` at a time."""
     cells = list(cells)
     results: dict[str, dict[str, Any]] = {}
-    todo = []
+    todo: dict[str, Cell] = {}  # by key: a cell of two figures runs once
     for cell in cells:
         cached = load_cell(out, cell)
         if cached is not None:
             results[cell.key] = cached
-        elif cell.key not in {c.key for c in todo}:
-            todo.append(cell)
+        else:
+            todo.setdefault(cell.key, cell)
     progress(f"{len(cells)} cells: {len(cells) - len(todo)} cached, {len(todo)} to run "
              f"({jobs} at a time)")
     (out / CELLS_DIR).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         running = {pool.submit(run_cell, c, data_dir, eval_every, eval_samples): c
-                   for c in todo}
+                   for c in todo.values()}
         done = 0
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

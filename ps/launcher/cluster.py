@@ -35,6 +35,7 @@ from common.errors import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
     EXIT_PEER,
+    EXIT_TIMEOUT,
     ClusterTimeout,
     ConfigError,
     PSError,
@@ -72,7 +73,7 @@ class ProcessFailed(PSError):
         again = f" (after {restarts} restarts)" if restarts else ""
         self.reason = f"{name} exited with code {code}{again}"
         super().__init__(f"{self.reason}; its last log lines:\n{lines}")
-        self.exit_code = code if code in (2, 3, 4) else EXIT_PEER
+        self.exit_code = code if code in (EXIT_CONFIG, EXIT_PEER, EXIT_TIMEOUT) else EXIT_PEER
         self.name = name
 
 
@@ -445,13 +446,11 @@ def check_launchable(spec: ClusterSpec) -> None:
     """``ConfigError`` for settings the processes would refuse, before starting any."""
     spec.server.check(spec.cfg)
     attack = spec.attack
-    if spec.server.round_timeout_s is not None and attack.vector_proxy:
-        proxy = attack.params[attack.proxy_attack]
-        if getattr(proxy, "reads_honest", False):
-            raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "
-                              "each round until all n pushes are in, which a round closed "
-                              "without some workers never has; use a value-level proxy "
-                              "attack (gambler, bitflip) or a worker attack")
+    if spec.server.round_timeout_s is not None and attack.proxy_holds_rounds:
+        raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "
+                          "each round until all n pushes are in, which a round closed "
+                          "without some workers never has; use a value-level proxy "
+                          "attack (gambler, bitflip) or a worker attack")
 
 
 def resumable_spec(spec: ClusterSpec) -> ClusterSpec:

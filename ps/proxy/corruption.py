@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.attacks import Site, ValueAttack, VectorAttack
+from common.attacks import Site, ValueAttack
 from common.config import AttackConfig, RunConfig
 
 
@@ -36,7 +36,7 @@ class ShardCorruptor:
     @property
     def whole_round(self) -> bool:
         """True when the pushes of a round must all be seen before any is forwarded."""
-        return isinstance(self.impl, VectorAttack) and self.impl.reads_honest
+        return self.attack.proxy_holds_rounds
 
     def corrupt_push(self, round_: int, worker: int, values: np.ndarray) -> tuple[np.ndarray, int]:
         """(values to forward, number of values changed) for one push."""

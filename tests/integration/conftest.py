@@ -8,9 +8,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
+from common.protocol import Header, decode
 from ps.launcher.cluster import CHILD_ENV
 from ps.launcher.processes import ManagedProcess, stop_all
+
+RAW_REPLY_TIMEOUT_S = 20.0
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
@@ -71,3 +75,61 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path / "logs")
     yield procs
     stop_all(procs.started)
+
+
+class RawPeer:
+    """A DEALER that sends arbitrary frames and collects replies with a deadline."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames, copy=False)
+
+    def replies(self, count: int, timeout_s: float = RAW_REPLY_TIMEOUT_S) -> list[Header]:
+        """The next ``count`` replies; fails the test if they do not all come in time."""
+        out: list[Header] = []
+        for _ in range(count):
+            if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+                pytest.fail(f"{len(out)} of {count} replies came within {timeout_s:g} s")
+            frames = self.sock.recv_multipart()
+            assert frames[0] == b"", frames[:2]
+            out.append(decode(frames[1:]).header)
+        return out
+
+    def ask(self, frames: list[bytes]) -> Header:
+        self.send(frames)
+        return self.replies(1)[0]
+
+    def ask_all(self, messages: list[list[bytes]], window: int = 8) -> list[Header]:
+        """Send ``messages``, at most ``window`` unanswered at a time (what piles up in
+        the node's queues stays small), and return their replies."""
+        out: list[Header] = []
+        for i, frames in enumerate(messages):
+            if i - len(out) >= window:
+                out += self.replies(1)
+            self.send(frames)
+        return out + self.replies(len(messages) - len(out))
+
+    def quiet(self, timeout_s: float) -> bool:
+        """Nothing arrives within ``timeout_s``."""
+        return not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def peers():
+    """``peers(endpoint)``: a raw peer, closed at teardown."""
+    made: list[RawPeer] = []
+
+    def make(endpoint: str) -> RawPeer:
+        made.append(RawPeer(endpoint))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()

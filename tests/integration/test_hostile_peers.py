@@ -24,11 +24,10 @@ from common.protocol import (
     Status,
     StatusReply,
     Welcome,
-    decode,
     encode,
 )
 from common.settings import SERVER, to_argv
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import RawPeer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,26 +43,6 @@ def server(processes, tmp_path: Path) -> str:
         "--out-dir", str(tmp_path), "--linger", "0", "--insecure", *to_argv(CFG, SERVER),
     ])
     return processes.endpoint(ready, proc)
-
-
-class RawPeer:
-    """A DEALER that sends arbitrary frames and reads replies with a deadline."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def ask(self, frames: list[bytes], timeout_ms: int = 10_000):
-        self.sock.send_multipart(frames)
-        if not self.sock.poll(timeout_ms, zmq.POLLIN):
-            pytest.fail("the server did not answer within 10 s")
-        reply = self.sock.recv_multipart()
-        assert reply[0] == b""
-        return decode(reply[1:]).header
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _push(round_: int, worker: int, values: np.ndarray) -> list[bytes]:

@@ -30,7 +30,6 @@ from common.protocol import (
     Status,
     StatusReply,
     Welcome,
-    decode,
     encode,
 )
 from common.settings import PROXY, SERVER, WORKER, to_argv
@@ -38,7 +37,7 @@ from common.transport import MAX_ROUTING_ID_BYTES
 from ps.launcher.processes import ManagedProcess
 from server.checkpoint import checkpoint_path, load_checkpoint
 from server.core import MAX_PARKED_PER_PEER
-from tests.integration.conftest import Processes, wait_for
+from tests.integration.conftest import Processes, RawPeer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +47,6 @@ CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q
 LONG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
                  rounds=1000, seed=5).validate()
 MB = 1 << 20
-REPLY_TIMEOUT_S = 20.0
 
 
 # -- processes -------------------------------------------------------------------------
@@ -109,67 +107,6 @@ def log_text(proc: ManagedProcess) -> str:
     return proc.log_path.read_text(encoding="utf-8", errors="replace")
 
 
-# -- a raw peer --------------------------------------------------------------------------
-
-
-class Peer:
-    """A DEALER that sends arbitrary frames and collects replies with a deadline."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames, copy=False)
-
-    def replies(self, count: int, timeout_s: float = REPLY_TIMEOUT_S) -> list[Header]:
-        """The next ``count`` replies; fails the test if they do not all come in time."""
-        out: list[Header] = []
-        for _ in range(count):
-            if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-                pytest.fail(f"{len(out)} of {count} replies came within {timeout_s:g} s")
-            frames = self.sock.recv_multipart()
-            assert frames[0] == b"", frames[:2]
-            out.append(decode(frames[1:]).header)
-        return out
-
-    def ask(self, frames: list[bytes]) -> Header:
-        self.send(frames)
-        return self.replies(1)[0]
-
-    def ask_all(self, messages: list[list[bytes]], window: int = 8) -> list[Header]:
-        """Send ``messages``, at most ``window`` unanswered at a time (what piles up in
-        the node's queues stays small), and return their replies."""
-        out: list[Header] = []
-        for i, frames in enumerate(messages):
-            if i - len(out) >= window:
-                out += self.replies(1)
-            self.send(frames)
-        return out + self.replies(len(messages) - len(out))
-
-    def quiet(self, timeout_s: float) -> bool:
-        """Nothing arrives within ``timeout_s``."""
-        return not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def peers():
-    """``peers(endpoint)``: a raw peer, closed at teardown."""
-    made: list[Peer] = []
-
-    def make(endpoint: str) -> Peer:
-        made.append(Peer(endpoint))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.close()
-
-
 def push(round_: int, worker: int, values: np.ndarray) -> list[bytes]:
     return [b"", *encode(Push(round=round_, worker=worker, length=values.size), values)]
 
@@ -182,7 +119,7 @@ def status() -> list[bytes]:
     return [b"", *encode(Status())]
 
 
-def shard_size(peer: Peer, cfg: RunConfig = CFG) -> int:
+def shard_size(peer: RawPeer, cfg: RunConfig = CFG) -> int:
     """The shard's number of values, from a WELCOME (the peer says HELLO as a monitor)."""
     welcome = peer.ask(hello(cfg=cfg))
     assert isinstance(welcome, Welcome), welcome
@@ -338,7 +275,7 @@ def test_one_peer_cannot_fill_the_parking_for_the_others(processes, peers, tmp_p
 # -- 6. a message of 500 MB in legal-sized frames -----------------------------------------
 
 
-def send_huge_push(peer: Peer, frame: bytes, count: int) -> None:
+def send_huge_push(peer: RawPeer, frame: bytes, count: int) -> None:
     """A PUSH header announcing ``count`` frames of ``frame``, then those frames (the same
     buffer each time, not copied)."""
     header = msgpack.packb({"v": PROTOCOL_VERSION, "op": int(Op.PUSH), "round": 0,
@@ -372,6 +309,16 @@ def test_a_500_mb_push_is_refused_as_too_large_and_not_kept(processes, peers,
 # -- 7. connections that take every descriptor --------------------------------------------
 
 
+def checkpointing_server_with_raw_worker(processes: Processes, peers, tmp_path: Path
+                                         ) -> tuple[ManagedProcess, str, RawPeer, int]:
+    """A server checkpointing every round and a raw peer that said HELLO as worker 1
+    (it decides when rounds end); the server's process, endpoint, the peer, shard size."""
+    server_proc, server = start_server(processes, tmp_path, CFG, "--checkpoint-every", "1")
+    raw = peers(server)
+    assert isinstance(raw.ask(hello("worker", 1)), Welcome)
+    return server_proc, server, raw, shard_size(peers(server))
+
+
 def test_descriptor_exhaustion_fails_checkpoints_not_the_server(processes, peers,
                                                                 tmp_path) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -379,12 +326,10 @@ def test_descriptor_exhaustion_fails_checkpoints_not_the_server(processes, peers
         pytest.skip(f"this process may open {hard} files; the test needs 1,200")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     out = tmp_path / "out"
-    server_proc, server = start_server(processes, tmp_path, CFG, "--checkpoint-every", "1")
+    # worker 1 is the raw peer until the descriptors are back: it decides when rounds end
+    server_proc, server, raw, size = checkpointing_server_with_raw_worker(processes, peers,
+                                                                          tmp_path)
     pid = server_proc.process.pid
-    # worker 1 is this raw peer until the descriptors are back: it decides when rounds end
-    raw = peers(server)
-    assert isinstance(raw.ask(hello("worker", 1)), Welcome)
-    size = shard_size(peers(server))
     [worker0] = start_workers(processes, server, [0])
     assert raw.ask(push(0, 1, np.zeros(size, np.float32))).round == 0
     wait_for(lambda: checkpoint_path(out, 0).exists(), 60, "the checkpoint of round 1")
@@ -430,11 +375,9 @@ def test_descriptor_exhaustion_fails_checkpoints_not_the_server(processes, peers
 def test_a_checkpoint_past_the_file_size_limit_fails_and_the_next_succeeds(
         processes, peers, tmp_path) -> None:
     out = tmp_path / "out"
-    server_proc, server = start_server(processes, tmp_path, CFG, "--checkpoint-every", "1")
+    server_proc, server, raw, size = checkpointing_server_with_raw_worker(processes, peers,
+                                                                          tmp_path)
     pid = server_proc.process.pid
-    raw = peers(server)
-    assert isinstance(raw.ask(hello("worker", 1)), Welcome)
-    size = shard_size(peers(server))
     limit = 64 * 1024  # below the checkpoint; above the log and metrics files
     assert 4 * size > limit
     [worker0] = start_workers(processes, server, [0])
