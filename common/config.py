@@ -1,7 +1,7 @@
 """The run configuration every role shares, and the attack scenario of a run.
 
 ``RunConfig`` holds what must be identical on every node of a run (model, data, n,
-S, rule, q, learning rate, batch, rounds, seed). Its ``config_hash`` is compared at
+S, rule, q, learning rate, worker momentum, batch, rounds, seed). Its ``config_hash`` is compared at
 the HELLO handshake, so a mis-configured process is refused with a message naming
 the settings that differ.
 
@@ -49,7 +49,8 @@ RUN_CONFIG_FILE = "config.json"  # a run's settings and attack, in its output di
 class RunConfig:
     """Settings shared by every server, worker, proxy and evaluator of one run."""
 
-    model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN.",
+    model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN; wide: "
+                         "an MLP of 10.6M parameters, for scaling benchmarks.",
                          roles=ROLES, hashed=True, choices=lambda: tuple(MODELS))
     dataset: str = setting("fashion-mnist", "Training data; fashion-mnist is found at "
                            "Debian's /usr/share/datasets/fashion-mnist, the others read "
@@ -80,6 +81,11 @@ class RunConfig:
     bucket_size: int = setting(2, "Bucketing (--pre bucketing): rows averaged per bucket s.",
                                roles=ROLES, hashed=True, minimum=1)
     lr: float = setting(0.1, "Learning rate.", roles=ROLES, hashed=True)
+    worker_momentum: float = setting(
+        0.0, "Worker momentum beta in [0, 1): each worker pushes m_t = beta m_(t-1) + "
+        "(1 - beta) g_t, m starting at 0 (ByzFL's convention), instead of its gradient g_t; "
+        "0: the gradient itself (the paper's SGD). A restarted worker's momentum starts "
+        "again at 0.", roles=ROLES, hashed=True, minimum=0.0, maximum=1.0)
     batch_size: int = setting(32, "Minibatch size per worker and round.", roles=ROLES,
                               hashed=True, minimum=1)
     rounds: int = setting(500, "Synchronous rounds to run.", roles=ROLES, hashed=True,
@@ -106,6 +112,8 @@ class RunConfig:
             return replace(self, q=rule.default_q(rows)).validate()
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.worker_momentum < 1:
+            raise ConfigError(f"--worker-momentum must be in [0, 1), got {self.worker_momentum}")
         if not self.q < self.num_workers:
             raise ConfigError(
                 f"q must satisfy 0 <= q < num_workers={self.num_workers}, got {self.q}")

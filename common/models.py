@@ -7,7 +7,11 @@ Xie, Koyejo, Gupta, *Generalized Byzantine-tolerant SGD* (ICML 2018), Sec. 6:
   -> conv 64 -> ReLU -> conv 64 -> ReLU -> maxpool 2 -> dropout 0.2 -> flatten
   -> fc 512 -> ReLU -> dropout 0.2 -> fc 512 -> ReLU -> dropout 0.2 -> fc classes.
 
-Both output logits; the softmax lives in the loss (cross-entropy). The paper does not name
+``wide`` (not the paper's) is the MLP with layers of 8192 and 512 units, 10.6M
+parameters on 28x28 inputs: the model ``scripts/bench_cluster.py --model wide`` measures
+the cluster with at large d.
+
+All output logits; the softmax lives in the loss (cross-entropy). The paper does not name
 the activation (ReLU is the natural reading) nor the padding of the 64-channel convolutions
 (3x3 with padding 1 here, like the 32-channel ones).
 
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 _DROPOUT = 0.2
+_WIDE = (8192, 512)  # 10.6M parameters on 28x28x1 inputs: the scaling benchmarks' model
 
 
 def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -45,6 +50,20 @@ def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
         nn.Linear(128, 128),
         nn.ReLU(),
         nn.Linear(128, num_classes),
+    )
+
+
+def _wide(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    from torch import nn
+
+    c, h, w = input_shape
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(c * h * w, _WIDE[0]),
+        nn.ReLU(),
+        nn.Linear(_WIDE[0], _WIDE[1]),
+        nn.ReLU(),
+        nn.Linear(_WIDE[1], num_classes),
     )
 
 
@@ -91,6 +110,8 @@ MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("the paper's MLP: fc 128 - ReLU - fc 128 - ReLU - fc classes", _mlp),
     "cnn": ModelSpec("the paper's CNN: 2x(conv 32) - pool - 2x(conv 64) - pool - 2x(fc 512)",
                      _cnn),
+    "wide": ModelSpec("not the paper's: fc 8192 - ReLU - fc 512 - ReLU - fc classes (10.6M "
+                      "parameters on 28x28 inputs), to measure the cluster at large d", _wide),
 }
 """Every model by name (the choices of ``--model``)."""
 
@@ -98,7 +119,8 @@ MODELS: dict[str, ModelSpec] = {
 def build_model(
     name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int
 ) -> nn.Module:
-    """The paper's ``name`` model ("mlp" or "cnn") for (C, H, W) inputs, float32, on CPU.
+    """The ``name`` model of :data:`MODELS` (the paper's "mlp" or "cnn", or "wide") for
+    (C, H, W) inputs, float32, on CPU.
 
     Initialisation is torch's default, drawn from a forked CPU RNG seeded with
     ``derive_int_seed(seed, "model-init")``: the same seed gives bit-identical parameters

@@ -56,6 +56,12 @@ LINGER_MS = 1000
 MAX_ENVELOPE_DEPTH = 4
 ZAP_DOMAIN = "ps"
 MAX_ROUTING_ID_BYTES = 255
+# libzmq applies MAXMSGSIZE to a frame as it arrives, before CURVE decrypts it: the
+# MESSAGE command wraps each frame in its name, flags, nonce and MAC (33 bytes), so a
+# chunk of exactly CHUNK_BYTES would otherwise disconnect its sender (a shard of 1M+
+# values could never be pushed or pulled with keys). Rounded up generously.
+CURVE_FRAME_OVERHEAD = 256
+INBOUND_FRAME_LIMIT = MAX_FRAME_BYTES + CURVE_FRAME_OVERHEAD
 
 Peer = tuple[bytes, ...]
 """A peer as a node sees it: its routing envelope, hashable."""
@@ -84,7 +90,7 @@ def largest_message(shard_size: int) -> int:
 
 def configure(sock: zmq.Socket, linger_ms: int = LINGER_MS) -> zmq.Socket:
     """Inbound frame limit (a larger frame disconnects the peer), linger, copy threshold."""
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, INBOUND_FRAME_LIMIT)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.copy_threshold = ZERO_COPY_MIN_BYTES
     return sock

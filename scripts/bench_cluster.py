@@ -11,11 +11,23 @@ engine, measured in one run and printed as one table:
     python3 scripts/bench_cluster.py                               # S = 1, 4, 20; fork
     python3 scripts/bench_cluster.py --shards 4 --start fork,exec  # both start methods
     python3 scripts/bench_cluster.py --model cnn --dataset synthetic --shards 4
+    python3 scripts/bench_cluster.py --shards 4 --d-models mlp,cnn,wide  # + scaling in d
+
+Scaling in d (``--d-models``): the same cluster (S = 4) with each model for
+``--d-rounds`` rounds, against what the machine can do. The floor of a round is the
+bytes every server moves (n pushes in, n replies out, of d/S float32 each) at the wire
+framing's ceiling measured in the same run (``scripts/bench_wire.py``'s, with CURVE
+unless ``--insecure``: one encrypting and one decrypting process, so both cores), plus
+the n gradients and the S aggregations measured in the run itself, spread over the
+machine's cores.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
@@ -30,7 +43,11 @@ import torch
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.metrics import read_jsonl
+from common.models import build_model, num_parameters
 from ps.reference.engine import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_wire import MODES, measure  # a sibling script
 
 SAMPLE_S = 0.2
 
@@ -125,6 +142,61 @@ def reference_rounds_per_s(cfg: RunConfig) -> tuple[float, str]:
     return cfg.rounds / result.seconds, result.digest
 
 
+@dataclass
+class DScaling:
+    """One model's run at S = 4 against the machine's floor."""
+
+    model: str
+    d: int
+    rounds_per_s: float
+    mb_in_per_s_per_server: float
+    ceiling_mb_per_s: float
+    message_mb: float
+    compute_ms: float  # one worker's gradient, median
+    aggregation_ms: float  # one server's step, median
+    round_ms: float  # median interval between rounds
+    floor_ms: float
+
+
+def d_scaling(model: str, args: list[str], out: Path, workers: int, insecure: bool,
+              data: Any) -> DScaling:
+    """Run the cluster with ``model`` and compare its rounds with the floor."""
+    shards = 4
+    measured = run_cluster([*args, "--model", model, "--shards", str(shards)], out,
+                           f"d: {model}", shards)
+    d = num_parameters(build_model(model, tuple(data.train_x.shape[1:]), data.num_classes, 0))
+    servers = [read_jsonl(out / f"server-{s}.jsonl") for s in range(shards)]
+    times = [r["time"] for r in servers[0]]
+    round_ms = statistics.median(b - a for a, b in itertools.pairwise(times)) * 1e3
+    aggregation_ms = statistics.median(r["aggregation_ms"] for rs in servers for r in rs)
+    compute_ms = statistics.median(r["compute_ms"] for i in range(workers)
+                                   for r in read_jsonl(out / f"worker-{i}.jsonl")[1:])
+    message_mb = d / shards * 4 / 1e6
+    ceiling = measure(MODES[0], message_mb, max(5, int(400 / message_mb)),
+                      curve=not insecure) * 1e3  # MB/s
+    wire_mb = 2 * workers * d * 4 / 1e6  # every push in, every reply out, over all shards
+    cores = os.cpu_count() or 1
+    floor_ms = (wire_mb / ceiling * 1e3 + (workers * compute_ms + shards * aggregation_ms)
+                / cores)
+    return DScaling(model, d, measured.rounds_per_s, measured.bytes_in_per_s_per_server / 1e6,
+                    ceiling, message_mb, compute_ms, aggregation_ms, round_ms, floor_ms)
+
+
+def _print_d_table(rows: list[DScaling]) -> None:
+    click.echo("\nscaling in d (S=4): the floor is the wire share (2 n d float32 at the "
+               "ceiling) plus n gradients and S aggregations over the cores")
+    click.echo("| model | d | rounds/s | MB/s in per server | wire ceiling at d/S | "
+               "gradient (median) | aggregation (median) | round (median) | floor | "
+               "round / floor |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        click.echo(f"| {r.model} | {r.d:,} | {r.rounds_per_s:.2f} | "
+                   f"{r.mb_in_per_s_per_server:.0f} | {r.ceiling_mb_per_s:.0f} MB/s "
+                   f"({r.message_mb:.2f} MB) | {r.compute_ms:.1f} ms | "
+                   f"{r.aggregation_ms:.1f} ms | {r.round_ms:.0f} ms | {r.floor_ms:.0f} ms | "
+                   f"{r.round_ms / r.floor_ms:.2f} |")
+
+
 @click.command(context_settings={"show_default": True})
 @click.option("--workers", default=20, type=int)
 @click.option("--shards", default="1,4,20", help="Numbers of servers, comma-separated.")
@@ -136,9 +208,13 @@ def reference_rounds_per_s(cfg: RunConfig) -> tuple[float, str]:
               "(fork,exec).")
 @click.option("--insecure", is_flag=True, help="Without CURVE keys (default: with, as "
               "ps-cluster runs by default).")
+@click.option("--d-models", default="", help="Also measure scaling in d at S=4 with these "
+              "models, comma-separated (mlp, cnn, wide: 10.6M parameters).")
+@click.option("--d-rounds", default=8, type=int, help="Rounds of each --d-models run.")
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
 def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds: int,
-         start: str, insecure: bool, json_path: Path | None) -> None:
+         start: str, insecure: bool, d_models: str, d_rounds: int,
+         json_path: Path | None) -> None:
     runs: list[Measured] = []
     for method in start.split(","):
         for s in (int(x) for x in shards.split(",")):
@@ -154,9 +230,21 @@ def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds:
                     rule=rule, rounds=rounds).validate()
     reference, digest = reference_rounds_per_s(cfg)
     _print_table(runs, reference, digest, base)
+    scaling = []
+    for name in filter(None, d_models.split(",")):
+        args = ["--workers", str(workers), "--rule", rule, "--dataset", dataset, "--rounds",
+                str(d_rounds), "--no-evaluator", *(["--insecure"] if insecure else [])]
+        with tempfile.TemporaryDirectory() as tmp:
+            click.echo(f"running d: {name} ...", err=True)
+            scaling.append(d_scaling(name, args, Path(tmp) / "run", workers, insecure,
+                                     load_dataset(dataset, seed=0)))
+    if scaling:
+        _print_d_table(scaling)
     if json_path:
         json_path.write_text(json.dumps({"reference_rounds_per_s": reference,
-                                         "runs": [r.__dict__ for r in runs]}, indent=2))
+                                         "runs": [r.__dict__ for r in runs],
+                                         "d_scaling": [r.__dict__ for r in scaling]},
+                                        indent=2))
 
 
 def _print_table(runs: list[Measured], reference: float, digest: str, base: Measured) -> None:

@@ -2,7 +2,8 @@
 
 Compares the protocol's framing (msgpack header + raw float32 chunks, sent and
 received with copy=False, decoded with np.frombuffer) against the same arrays
-packed inside one msgpack message, in one run:
+packed inside one msgpack message, and the framing encrypted by CURVE (as a cluster
+with keys sends it), in one run:
 
     python3 scripts/bench_wire.py --sizes-mb 0.5,4,40
 """
@@ -23,9 +24,13 @@ from common.protocol import Push, decode, encode
 MODES = ("protocol-frames", "msgpack-embedded")
 
 
-def _receiver(endpoint: str, mode: str, count: int, length: int) -> None:
+def _receiver(endpoint: str, mode: str, count: int, length: int,
+              server_key: bytes | None = None) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
+    if server_key is not None:  # a CURVE client with a throwaway key pair
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.curve_serverkey = server_key
     sock.connect(endpoint)
     total = 0.0
     for _ in range(count):
@@ -44,17 +49,23 @@ def _receiver(endpoint: str, mode: str, count: int, length: int) -> None:
     ctx.term()
 
 
-def measure(mode: str, size_mb: float, count: int) -> float:
-    """GB/s moving ``count`` messages of ``size_mb`` MB of float32 in ``mode``."""
+def measure(mode: str, size_mb: float, count: int, curve: bool = False) -> float:
+    """GB/s moving ``count`` messages of ``size_mb`` MB of float32 in ``mode``; with
+    ``curve``, encrypted and authenticated by CURVE as a cluster with keys sends them."""
     length = int(size_mb * 1e6 / 4)
     values = np.random.default_rng(0).standard_normal(length).astype(np.float32)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
+    server_key = None
+    if curve:
+        server_key, secret = zmq.curve_keypair()
+        sock.curve_secretkey, sock.curve_publickey = secret, server_key
+        sock.curve_server = True
     port = sock.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=60000)
     ack = ctx.socket(zmq.PULL)
     ack.bind(f"tcp://127.0.0.1:{port + 1}")
     child = mp.get_context("fork").Process(
-        target=_receiver, args=(f"tcp://127.0.0.1:{port}", mode, count, length))
+        target=_receiver, args=(f"tcp://127.0.0.1:{port}", mode, count, length, server_key))
     child.start()
     header = Push(round=0, worker=0, length=length)
     started = time.perf_counter()
@@ -78,13 +89,17 @@ def measure(mode: str, size_mb: float, count: int) -> float:
 @click.option("--json", "json_path", default=None, help="Also write the figures here.")
 def main(sizes_mb: str, total_mb: float, json_path: str | None) -> None:
     results = []
-    click.echo(f"{'size MB':>8} {'protocol GB/s':>14} {'msgpack GB/s':>13} {'ratio':>6}")
+    click.echo(f"{'size MB':>8} {'protocol GB/s':>14} {'msgpack GB/s':>13} {'ratio':>6} "
+               f"{'protocol + CURVE GB/s':>22}")
     for size in (float(s) for s in sizes_mb.split(",")):
         count = max(5, int(total_mb / size))
         framed = measure(MODES[0], size, count)
         embedded = measure(MODES[1], size, count)
-        results.append({"size_mb": size, "protocol_gbps": framed, "msgpack_gbps": embedded})
-        click.echo(f"{size:8g} {framed:14.2f} {embedded:13.2f} {framed / embedded:6.1f}")
+        curve = measure(MODES[0], size, max(5, count // 4), curve=True)
+        results.append({"size_mb": size, "protocol_gbps": framed, "msgpack_gbps": embedded,
+                        "protocol_curve_gbps": curve})
+        click.echo(f"{size:8g} {framed:14.2f} {embedded:13.2f} {framed / embedded:6.1f} "
+                   f"{curve:22.2f}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,4 +1,5 @@
-"""Byzantine workers of the classic model: whole gradient vectors replaced.
+"""Byzantine workers of the classic model: whole gradient vectors replaced; and the
+worker momentum every worker applies.
 
 A Byzantine worker is omniscient and colluding, the strongest classic
 adversary: it recomputes the honest workers' gradients (their data partitions
@@ -6,26 +7,135 @@ and minibatch streams are derived from the public run seed), forges the
 vectors of all Byzantine workers at once with a stream derived from
 (seed, round), and sends its own row. Every Byzantine process thus forges the
 same matrix, and the reference engine reproduces it exactly.
+
+With worker momentum (``--worker-momentum``) the honest workers push their momentum
+vectors, and a Byzantine worker forges from those: it keeps each honest worker's momentum
+(:class:`ByzantineState`), fed with the gradients it recomputes every round. An attack
+that searches its factor against the rule (``reads_rule``) gets an :class:`Aim` built
+from the run configuration: :class:`ServerAggregation`, what the servers compute. A
+label-flipping worker (``trains``) computes its own gradient of the flipped labels and
+applies its own momentum, as an honest worker would.
+
+Momentum is process state, held in memory: a worker restarted by the launcher starts it
+again from zero, and a worker that catches up after missed rounds keeps it (updated only
+in the rounds it computed). The reference engine assumes every worker computed every
+round from the start: it reproduces runs without faults bit for bit, and a faulty run
+with momentum only if no worker restarted or skipped a round.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
+import torch
 
 from common.attacks import VectorAttack
+from common.attacks.base import Aim
 from common.config import AttackConfig, RunConfig
+from common.rules import make_rule
+from common.rules.pre import Chain, RoundContext
+from common.sharding import shard_ranges
 from worker.trainer import GradientComputer
+
+
+class Momentum:
+    """One worker's momentum: ``m_t = beta * m_(t-1) + (1 - beta) * g_t`` with ``m_(-1) =
+    0`` (ByzFL's honest client: ``m.mul_(beta).add_(g, alpha=1 - beta)``), in float32 as
+    ``float32(beta) * m + float32(1 - beta) * g``; with ``beta = 0`` the gradient itself,
+    untouched (the paper's SGD)."""
+
+    def __init__(self, beta: float) -> None:
+        if not 0 <= beta < 1:
+            raise ValueError(f"momentum beta must be in [0, 1), got {beta!r}")
+        self.beta = float(beta)
+        self.m: np.ndarray | None = None  # m_(t-1); None: zero (no round yet)
+
+    def __call__(self, g: np.ndarray) -> np.ndarray:
+        """``m_t`` after gradient ``g`` (a new array; ``g`` is not modified)."""
+        if self.beta == 0:
+            return g
+        previous = np.zeros_like(g) if self.m is None else self.m
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.m = np.float32(self.beta) * previous + np.float32(1.0 - self.beta) * g
+        return self.m
+
+    def copy(self) -> Momentum:
+        out = Momentum(self.beta)
+        out.m = self.m  # never modified in place
+        return out
 
 
 def honest_workers(cfg: RunConfig, attack: AttackConfig) -> list[int]:
     return [i for i in range(cfg.num_workers) if i not in attack.byzantine_workers]
 
 
+def worker_attack(attack: AttackConfig) -> VectorAttack:
+    """The Byzantine workers' attack, with its parameters."""
+    return attack.attack(attack.worker_attack)  # type: ignore[return-value]
+
+
+class ServerAggregation:
+    """What the run's servers compute from a round's (n, d) rows (ordered by worker id):
+    on each shard's columns, the pre-aggregation chain (seeded by seed, round and shard)
+    and the rule, concatenated. A stateful rule (centered clipping) starts from its
+    initial state: the attacker does not know the servers' state."""
+
+    def __init__(self, cfg: RunConfig, d: int) -> None:
+        self.cfg = cfg
+        self.ranges = shard_ranges(d, cfg.num_shards)
+        self.pre = Chain(cfg.pre_names(), cfg.num_workers, cfg.q, cfg.pre_options())
+        self.rule = make_rule(cfg.rule, self.pre.rows_out, cfg.q, **cfg.rule_options())
+
+    def __call__(self, rows: np.ndarray, round_: int) -> np.ndarray:
+        out = np.empty(rows.shape[1], dtype=np.float32)
+        for s, (a, b) in enumerate(self.ranges):
+            matrix = torch.from_numpy(np.ascontiguousarray(rows[:, a:b]))
+            if self.pre:
+                matrix = self.pre(matrix, RoundContext(self.cfg.seed, round_, s))
+            if getattr(self.rule, "stateful", False):
+                self.rule.set_state({})
+            out[a:b] = self.rule(matrix).numpy()
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def server_aggregation(cfg: RunConfig, d: int) -> ServerAggregation:
+    return ServerAggregation(cfg, d)
+
+
+def aim(cfg: RunConfig, attack: AttackConfig, d: int, round_: int) -> Aim:
+    """The run's aggregation at ``round_``, for an attack that searches against it."""
+    servers = server_aggregation(cfg, d)
+    return Aim(functools.partial(servers, round_=round_), tuple(attack.byzantine_workers))
+
+
 def forge(cfg: RunConfig, attack: AttackConfig, honest: np.ndarray, round_: int) -> np.ndarray:
-    """The (len(byzantine_workers), d) vectors the Byzantine workers send at ``round_``."""
-    impl: VectorAttack = attack.attack(attack.worker_attack)  # type: ignore[assignment]
+    """The (len(byzantine_workers), d) vectors the Byzantine workers send at ``round_``,
+    from the honest workers' vectors (their momentum vectors, with worker momentum)."""
+    impl = worker_attack(attack)
+    extra: dict[str, Any] = {}
+    if impl.reads_rule:
+        extra["aim"] = aim(cfg, attack, honest.shape[1], round_)
     return impl.forge_at(honest, len(attack.byzantine_workers), cfg.num_workers, cfg.seed,
-                         "worker-attack", round_)
+                         "worker-attack", round_, **extra)
+
+
+@dataclass
+class ByzantineState:
+    """What a Byzantine worker carries from round to round (worker momentum only): the
+    momentum of each honest worker, tracked from the gradients it recomputes (attacks
+    that read the honest vectors), and its own (label flipping)."""
+
+    honest: dict[int, Momentum] = field(default_factory=dict)
+    own: Momentum = field(default_factory=lambda: Momentum(0.0))
+
+    @classmethod
+    def start(cls, cfg: RunConfig, attack: AttackConfig) -> ByzantineState:
+        beta = cfg.worker_momentum
+        return cls({i: Momentum(beta) for i in honest_workers(cfg, attack)}, Momentum(beta))
 
 
 def byzantine_gradient(
@@ -35,9 +145,20 @@ def byzantine_gradient(
     x: np.ndarray,
     round_: int,
     worker: int,
+    state: ByzantineState | None = None,
 ) -> np.ndarray:
-    """What Byzantine ``worker`` pushes at ``round_`` after pulling parameters ``x``."""
-    honest = np.stack(
-        [computer.gradient(x, round_, i)[0] for i in honest_workers(cfg, attack)]
-    )
+    """What Byzantine ``worker`` pushes at ``round_`` after pulling parameters ``x``.
+
+    ``state``: the worker's :class:`ByzantineState` from the rounds before (None: a fresh
+    one, right without worker momentum or at round 0); updated here."""
+    impl = worker_attack(attack)
+    if state is None:
+        state = ByzantineState.start(cfg, attack)
+    if impl.trains:
+        return state.own(computer.gradient(x, round_, worker, relabel=impl.relabel)[0])
+    ids = honest_workers(cfg, attack)
+    if impl.reads_honest:
+        honest = np.stack([state.honest[i](computer.gradient(x, round_, i)[0]) for i in ids])
+    else:  # only the shape is read
+        honest = np.zeros((len(ids), computer.d), dtype=np.float32)
     return forge(cfg, attack, honest, round_)[attack.byzantine_workers.index(worker)]

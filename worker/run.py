@@ -1,4 +1,6 @@
-"""The worker loop: pull x^t from every shard, compute a gradient, push its shards."""
+"""The worker loop: pull x^t from every shard, compute a gradient, push its shards (with
+``--worker-momentum``, the momentum vector instead: see ``worker/byzantine.py``, which
+also says what happens to it when a worker restarts or catches up)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
 from common.protocol import ErrorCode
-from worker.byzantine import byzantine_gradient
+from worker.byzantine import ByzantineState, Momentum, byzantine_gradient
 from worker.client import ClusterClient, RetryPolicy, ServerRefused
 from worker.options import ClientOptions
 from worker.trainer import GradientComputer
@@ -34,6 +36,9 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
     byzantine = attack.is_byzantine(worker)
+    # kept in memory from round to round: a restarted worker starts again from zero
+    momentum = Momentum(cfg.worker_momentum)
+    state = ByzantineState.start(cfg, attack) if byzantine else None
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     client = ClusterClient(endpoints, cfg, "worker", worker, policy, keys,
                            replay_rounds=options.replay_rounds)
@@ -57,10 +62,11 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             check_stop()
             began = time.perf_counter()
             if byzantine:
-                g = byzantine_gradient(cfg, attack, computer, x, t, worker)
+                g = byzantine_gradient(cfg, attack, computer, x, t, worker, state=state)
                 loss = float("nan")
             else:
                 g, loss = computer.gradient(x, t, worker)
+                g = momentum(g)
             computed = time.perf_counter()
             # one exchange per shard: the reply to the push is x^{t+1}; a server that
             # restarted and lost the push gets it again before a fallback PULL is resent

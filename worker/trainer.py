@@ -4,10 +4,14 @@ Worker i at round t computes g_i^t = grad f(x^t; minibatch) where the minibatch
 is drawn from its own iid partition of the training set with a stream derived
 from (seed, worker, round), and dropout (CNN) draws from a stream derived from
 the same coordinates: the same gradient in a worker process and in the
-in-process reference engine.
+in-process reference engine. A label-flipping Byzantine worker computes the same
+gradient of its own minibatch with the labels mapped (``relabel``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +34,10 @@ class GradientComputer:
         self.d = sum(p.numel() for p in self.model.parameters())
         self.uses_dropout = any(isinstance(m, torch.nn.Dropout) for m in self.model.modules())
 
-    def gradient(self, x: np.ndarray, round_: int, worker: int) -> tuple[np.ndarray, float]:
-        """(g_worker^round as float32 (d,), minibatch loss) at parameters ``x``."""
+    def gradient(self, x: np.ndarray, round_: int, worker: int,
+                 relabel: Callable[[Any, int], Any] | None = None) -> tuple[np.ndarray, float]:
+        """(g_worker^round as float32 (d,), minibatch loss) at parameters ``x``; with
+        ``relabel``, of the labels ``relabel(targets, num_classes)`` (label flipping)."""
         load_flat_parameters(self.model, torch.from_numpy(x))
         self.model.train()
         self.model.zero_grad(set_to_none=True)
@@ -41,6 +47,8 @@ class GradientComputer:
         index = torch.from_numpy(np.asarray(idx, dtype=np.int64))
         inputs = self.dataset.train_x.index_select(0, index)
         targets = self.dataset.train_y.index_select(0, index)
+        if relabel is not None:
+            targets = relabel(targets, self.dataset.num_classes)
         if self.uses_dropout:
             with torch.random.fork_rng(devices=[]):
                 # the CPU generator only: torch.manual_seed also seeds CUDA lazily (~ms)

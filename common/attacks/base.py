@@ -19,6 +19,16 @@ registers it with :func:`register_attack`: adding an attack is adding a file.
 No attack modifies its inputs. All randomness comes from an explicit generator derived
 with :func:`common.seeding.derive_rng` from (seed, attack, round, worker, shard), so a
 cluster and the reference engine draw the same numbers.
+
+Two kinds of vector attack need more than the honest vectors:
+
+* ``reads_rule``: the attack searches its factor against the aggregation the run's
+  servers actually compute (optimised ALIE and IPM). It is handed an :class:`Aim`, built
+  by ``worker/byzantine.py`` from the run configuration (the rule, q and the
+  pre-aggregation chain of every shard), and uses :func:`line_maximize`.
+* ``trains``: the Byzantine worker computes its vector itself with the trainer on its own
+  partition, with the labels mapped by :meth:`VectorAttack.relabel` (label flipping); it
+  forges nothing from the honest vectors.
 """
 
 from __future__ import annotations
@@ -113,6 +123,98 @@ def negated_copies(honest: np.ndarray, num_byzantine: int,
         return repeat(reduce(honest) * -factor, num_byzantine)
 
 
+def line_maximize(objective: Callable[[float], float], evals: int = 16, start: float = 0.0,
+                  delta: float = 1.0, ratio: float = 0.8) -> float:
+    """Best-effort argmax of ``objective`` over x >= 0 by exploration: the ``LineMaximize``
+    attack optimiser of ByzFL (EPFL, ``byzfl.attacks.attack_optimizers``), which its
+    optimised ALIE and FOE/IPM use, with its defaults (16 evaluations, start 0, step 1,
+    contraction 0.8).
+
+    Expansion: from ``start``, step ``delta`` right while the value improves (doubling the
+    step each time); on the first step that does not improve, the step is multiplied by
+    ``ratio`` and contraction begins: each evaluation moves the probe by the step towards
+    the best point so far (bisecting towards the probe if it would go below 0), keeps the
+    probe if it is strictly better, and multiplies the step by ``ratio``. Exactly
+    ``evals`` evaluations; ties keep the earlier point, a NaN value never wins (it counts
+    as -inf, so even a NaN at ``start`` is beaten by any number). Returns the best x
+    evaluated.
+    """
+    if evals < 1:
+        raise ValueError(f"line search needs evals >= 1, got {evals}")
+    if not (math.isfinite(start) and start >= 0):
+        raise ValueError(f"line search start must be finite and >= 0, got {start!r}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise ValueError(f"line search delta must be finite and > 0, got {delta!r}")
+    if not 0.5 < ratio < 1:
+        raise ValueError(f"line search ratio must be in (0.5, 1), got {ratio!r}")
+    def value(x: float) -> float:
+        y = float(objective(x))
+        return -math.inf if math.isnan(y) else y
+
+    best_x = prop_x = float(start)
+    best_y = value(best_x)
+    evals -= 1
+    while evals > 0:  # expansion
+        prop_x = best_x + delta
+        prop_y = value(prop_x)
+        evals -= 1
+        if prop_y > best_y:
+            best_x, best_y = prop_x, prop_y
+            delta *= 2
+        else:
+            delta *= ratio
+            break
+    while evals > 0:  # contraction
+        if prop_x < best_x:
+            prop_x += delta
+        else:
+            x = prop_x - delta
+            while x < 0:
+                x = (x + prop_x) / 2
+            prop_x = x
+        prop_y = value(prop_x)
+        evals -= 1
+        if prop_y > best_y:
+            best_x, best_y = prop_x, prop_y
+        delta *= ratio
+    return best_x
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What an attack with ``reads_rule`` aims at: the aggregation of the run's servers.
+
+    ``aggregate`` maps a round's (n, d) float32 matrix, rows ordered by worker id, to the
+    (d,) float32 vector the servers would apply (every shard's pre-aggregation chain and
+    rule, as configured); ``byzantine``: the rows the forged vectors take, in order (the
+    honest vectors fill the others, in order).
+    """
+
+    aggregate: Callable[[np.ndarray], np.ndarray]
+    byzantine: tuple[int, ...]
+
+    def rows(self, honest: np.ndarray, forged: np.ndarray) -> np.ndarray:
+        """The (n, d) matrix of a round with ``forged`` in the Byzantine rows."""
+        n = honest.shape[0] + forged.shape[0]
+        if (forged.shape[0] != len(self.byzantine) or len(set(self.byzantine)) !=
+                len(self.byzantine) or not all(0 <= b < n for b in self.byzantine)):
+            raise ValueError(f"aim has Byzantine rows {self.byzantine}, got "
+                             f"{forged.shape[0]} forged and {honest.shape[0]} honest rows")
+        mask = np.zeros(n, dtype=bool)
+        mask[list(self.byzantine)] = True
+        out = np.empty((n, honest.shape[1]), dtype=np.float32)
+        out[list(self.byzantine)] = forged  # forged[k] in row byzantine[k], in any order
+        out[~mask] = honest
+        return out
+
+    def distance(self, honest: np.ndarray, forged: np.ndarray) -> float:
+        """ByzFL's objective: ``||Aggr(honest + forged) - mean(honest)||`` (float64)."""
+        mean = honest.mean(axis=0, dtype=np.float64)
+        out = np.asarray(self.aggregate(self.rows(honest, forged)), dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.linalg.norm(out - mean))
+
+
 # --------------------------------------------------------------------------- contract
 
 
@@ -171,11 +273,16 @@ class VectorAttack(Attack):
     """Classic model: forges whole vectors, by Byzantine workers or at a proxy.
 
     ``reads_honest``: the forged vectors depend on the honest ones (a proxy must then
-    hold a whole round before forwarding any push of it).
+    hold a whole round before forwarding any push of it). ``reads_rule``: :meth:`forge`
+    also takes ``aim=`` (an :class:`Aim`: the run's aggregation); only Byzantine workers
+    build one. ``trains``: the Byzantine worker computes its vector with the trainer on
+    its own data, labels mapped by :meth:`relabel`; :meth:`forge` is not used.
     """
 
     sites: ClassVar[frozenset[str]] = frozenset({WORKER, PROXY})
     reads_honest: ClassVar[bool] = True
+    reads_rule: ClassVar[bool] = False
+    trains: ClassVar[bool] = False
     # f(honest, num_byzantine, rng, **parameters) -> (num_byzantine, d) float32
     function: ClassVar[Callable[..., np.ndarray]]
 
@@ -185,10 +292,20 @@ class VectorAttack(Attack):
         return type(self).function(honest, num_byzantine, rng, **self.parameters())
 
     def forge_at(self, honest: np.ndarray, num_byzantine: int, num_workers: int, seed: int,
-                 stream: str, *coords: int) -> np.ndarray:
-        """:meth:`forge` with the generator of stream ``<stream>`` at ``coords``."""
+                 stream: str, *coords: int, aim: Aim | None = None) -> np.ndarray:
+        """:meth:`forge` with the generator of stream ``<stream>`` at ``coords`` (and
+        ``aim`` for an attack that ``reads_rule``)."""
         rng = derive_rng(seed, stream, *coords)
+        if self.reads_rule:
+            if aim is None:
+                raise ValueError(f"attack {self.name} searches against the run's rule: "
+                                 "it needs an aim")
+            return self.forge(honest, num_byzantine, rng, num_workers, aim=aim)
         return self.forge(honest, num_byzantine, rng, num_workers)
+
+    def relabel(self, targets: Any, num_classes: int) -> Any:
+        """The labels a ``trains`` attack computes its gradient on (default: unchanged)."""
+        return targets
 
 
 ATTACKS: dict[str, type[Attack]] = {}

@@ -1,4 +1,4 @@
-"""``ps-experiment``: the paper's experiments, cached and resumable."""
+"""``ps-experiment``: the paper's experiments and the modern grid, cached and resumable."""
 
 from __future__ import annotations
 
@@ -6,99 +6,221 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import click
 
 from common.data import dataset_names
-from common.errors import PeerError
+from common.errors import ConfigError, PeerError
 from common.models import MODELS
 from common.process import ProcessOptions, run_process
+from common.rules import RuleError
 from ps.experiments.grid import (
     EXTRA_RULES,
     PAPER_RULES,
     SCENARIOS,
+    Cell,
     GridSpec,
     paper_cells,
     recipe,
 )
+from ps.experiments.modern import (
+    MODERN_ATTACKS,
+    MODERN_DEFENCES,
+    MODERN_ROUNDS,
+    MOMENTA,
+    ModernSpec,
+    modern_cells,
+)
+from ps.experiments.report import ReportInfo
 
 VERIFY_FILE = "verify.json"  # the last --verify-sample results, shown in every report
 
 
 @click.group()
 def main() -> None:
-    """Run the paper's experiments (Xie, Koyejo, Gupta 2018) as grids of cached cells."""
+    """Run the paper's experiments (Xie, Koyejo, Gupta 2018), and the field's newer
+    defences against its newer attacks, as grids of cached cells."""
+
+
+def grid_options(function: Callable[..., None]) -> Callable[..., None]:
+    """The options every grid takes: where, how long, which data, which engine."""
+    options = [
+        click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+                     help="Output directory (cells/, results.jsonl, report.md, *.png); run "
+                     "again to resume: finished cells are never recomputed."),
+        click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
+                     help="Seeds per cell (the paper: 10)."),
+        click.option("--rounds", default=None, type=click.IntRange(1),
+                     help="Rounds per cell [default: the paper's, 500 (the modern grid: "
+                     f"{MODERN_ROUNDS}); 4000 for cifar10]."),
+        click.option("--dataset", default="fashion-mnist", show_default=True,
+                     type=click.Choice(dataset_names()),
+                     help="mnist and cifar10 need --data-dir; Fashion-MNIST is found "
+                     "offline."),
+        click.option("--data-dir", default=None, help="Directory of the dataset's files."),
+        click.option("--model", default=None, type=click.Choice(sorted(MODELS)),
+                     help="[default: the paper's: mlp; cnn for cifar10 (with lr 5e-4, batch "
+                     "128 and top-3 accuracy)]."),
+        click.option("--num-workers", default=20, show_default=True, type=click.IntRange(3),
+                     help="n (the paper: 20; the classic-model attacks take the first 6/20 "
+                     "of them)."),
+        click.option("--eval-every", default=25, show_default=True, type=click.IntRange(1)),
+        click.option("--eval-samples", default=None, type=click.IntRange(1),
+                     help="Evaluate on the first N test samples (default all)."),
+        click.option("--engine", default="reference", show_default=True,
+                     type=click.Choice(["reference", "cluster"]),
+                     help="reference: the in-process engine, bit-identical to a cluster; "
+                     "cluster: every cell through real ps-server/ps-worker/ps-proxy "
+                     "processes."),
+        click.option("--jobs", default=2, show_default=True, type=click.IntRange(1),
+                     help="Cells run at once by the reference engine, one process each."),
+        click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
+                     help="Run K randomly chosen cells through the cluster too; exit 3 if a "
+                     "final parameter hash differs from the reference engine's."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One invocation's common options (see :func:`grid_options`)."""
+
+    out: Path
+    seeds: int
+    rounds: int | None
+    dataset: str
+    data_dir: str | None
+    model: str | None
+    num_workers: int
+    eval_every: int
+    eval_samples: int | None
+    engine: str
+    jobs: int
+    verify_sample: int
+
+    @classmethod
+    def take(cls, values: dict[str, Any]) -> GridRun:
+        return cls(**{f.name: values.pop(f.name) for f in fields(cls)})
+
+    def spec(self, **changes: Any) -> GridSpec:
+        return GridSpec.for_dataset(self.dataset, model=self.model, seeds=self.seeds,
+                                    num_workers=self.num_workers,
+                                    **{"rounds": self.rounds, **changes})
+
+    def run(self, cells: list[Cell], metric: str,
+            write: Callable[[list, ReportInfo], Path]) -> None:
+        """Run (or read) every cell, verify a sample, write the outputs with ``write``;
+        exit 3 if a verified cell differs."""
+
+        def start() -> None:
+            from ps.experiments import runner
+
+            how = runner.CellRun(self.out, self.data_dir, self.eval_every,
+                                 self.eval_samples, self.engine, self.jobs)
+            started = time.monotonic()
+            results = runner.run_cells(cells, how)
+            checked = _verification(self.out, runner.verify_sample(
+                cells, results, self.verify_sample, how) if self.verify_sample else None)
+            from ps.experiments.report import write_results
+
+            write_results(self.out, results)
+            command = shlex.join(["ps-experiment", *sys.argv[1:]])
+            report = write(results, ReportInfo(command, time.monotonic() - started, metric,
+                                               self.engine, [], checked))
+            click.echo(f"{len(results)} cells; report: {report}")
+            if checked and not all(c["same"] for c in checked):
+                differ = ", ".join(c["label"] for c in checked if not c["same"])
+                raise PeerError(f"the cluster and the reference engine end differently: "
+                                f"{differ}")
+
+        run_process("experiment", ProcessOptions(out_dir=self.out), start)
 
 
 @main.command()
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
-              help="Output directory (cells/, results.jsonl, report.md, *.png); run again "
-              "to resume: finished cells are never recomputed.")
-@click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
-              help="Seeds per cell (the paper: 10).")
-@click.option("--rounds", default=None, type=click.IntRange(1),
-              help="Rounds per cell [default: the paper's, 500; 4000 for cifar10].")
-@click.option("--dataset", default="fashion-mnist", show_default=True,
-              type=click.Choice(dataset_names()),
-              help="mnist and cifar10 need --data-dir; Fashion-MNIST is found offline.")
-@click.option("--data-dir", default=None, help="Directory of the dataset's files.")
-@click.option("--model", default=None, type=click.Choice(sorted(MODELS)),
-              help="[default: the paper's: mlp; cnn for cifar10 (with lr 5e-4, batch 128 "
-              "and top-3 accuracy)].")
+@grid_options
 @click.option("--rules", default=",".join(PAPER_RULES + EXTRA_RULES), show_default=True,
               help="Comma-separated rules: the table's rows.")
 @click.option("--scenarios", default=",".join(SCENARIOS), show_default=True,
               help="Comma-separated scenarios: the table's columns.")
-@click.option("--num-workers", default=20, show_default=True, type=click.IntRange(3),
-              help="n (the paper: 20; the classic-model attacks take the first 6/20 of "
-              "them).")
 @click.option("--no-sweeps", is_flag=True, help="Skip the q and batch-size sweeps.")
-@click.option("--eval-every", default=25, show_default=True, type=click.IntRange(1))
-@click.option("--eval-samples", default=None, type=click.IntRange(1),
-              help="Evaluate on the first N test samples (default all).")
-@click.option("--engine", default="reference", show_default=True,
-              type=click.Choice(["reference", "cluster"]),
-              help="reference: the in-process engine, bit-identical to a cluster; cluster: "
-              "every cell through real ps-server/ps-worker/ps-proxy processes.")
-@click.option("--jobs", default=2, show_default=True, type=click.IntRange(1),
-              help="Cells run at once by the reference engine, one process each.")
-@click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
-              help="Run K randomly chosen cells through the cluster too; exit 3 if a final "
-              "parameter hash differs from the reference engine's.")
-def paper(out: Path, seeds: int, rounds: int | None, dataset: str, data_dir: str | None,
-          model: str | None, rules: str, scenarios: str, num_workers: int, no_sweeps: bool,
-          eval_every: int, eval_samples: int | None, engine: str, jobs: int,
-          verify_sample: int) -> None:
+def paper(rules: str, scenarios: str, no_sweeps: bool, **values: Any) -> None:
     """The paper's grid: rules x scenarios x seeds, plus the q and batch-size sweeps.
 
     Writes report.md (final accuracies, figures, a verdict on each of the paper's claims),
     results.jsonl (every evaluation point) and the PNG figures into --out.
 
-    Example (the default grid, about 15 minutes on 2 cores):
+    Example (the default grid, about 20 minutes on 2 cores):
 
         ps-experiment paper --out experiments/paper
     """
+    grid = GridRun.take(values)
+    spec = grid.spec(rules=_names(rules), scenarios=_names(scenarios), sweeps=not no_sweeps)
 
-    def start() -> None:
-        from ps.experiments import runner
+    def write(results: list, info: ReportInfo) -> Path:
+        from ps.experiments.figures import draw_all
+        from ps.experiments.report import write_report
 
-        spec = GridSpec.for_dataset(dataset, model=model, rounds=rounds, seeds=seeds,
-                                    rules=_names(rules), scenarios=_names(scenarios),
-                                    num_workers=num_workers, sweeps=not no_sweeps)
-        cells = paper_cells(spec)
-        how = runner.CellRun(out, data_dir, eval_every, eval_samples, engine, jobs)
-        started = time.monotonic()
-        results = runner.run_cells(cells, how)
-        checked = _verification(out, runner.verify_sample(cells, results, verify_sample, how)
-                                if verify_sample else None)
-        report = _write_outputs(out, results, spec, engine, checked, time.monotonic() - started)
-        click.echo(f"{len(results)} cells; report: {report}")
-        if checked and not all(c["same"] for c in checked):
-            differ = ", ".join(c["label"] for c in checked if not c["same"])
-            raise PeerError(f"the cluster and the reference engine end differently: {differ}")
+        info.figures = draw_all(grid.out, results, info.metric)
+        return write_report(grid.out, results, info)
 
-    run_process("experiment", ProcessOptions(out_dir=out), start)
+    grid.run(paper_cells(spec), recipe(spec.dataset).metric, write)
+
+
+@main.command()
+@grid_options
+@click.option("--defences", default=",".join(MODERN_DEFENCES), show_default=True,
+              help="Comma-separated defences, the table's rows: a rule, after a "
+              "pre-aggregation chain if written PRE+RULE (nnm+trimmed-mean, "
+              "arc+nnm+krum).")
+@click.option("--attacks", default=",".join(MODERN_ATTACKS), show_default=True,
+              help="Comma-separated Byzantine-worker attacks (none: no attack), the "
+              "columns; by the first 6/20 of the workers.")
+@click.option("--momenta", default=",".join(f"{b:g}" for b in MOMENTA), show_default=True,
+              help="Comma-separated worker momenta beta, one table each.")
+@click.option("--shards", default=4, show_default=True, type=click.IntRange(1),
+              help="S: vector-level steps (NNM, Krum, clipping...) see one shard's "
+              "coordinates each; --shards 1 gives them whole vectors.")
+def modern(defences: str, attacks: str, momenta: str, shards: int, **values: Any) -> None:
+    """The field's newer defences (pre-aggregation, centered clipping) against its newer
+    attacks (ALIE, IPM, Min-Max, Min-Sum, Mimic, label flipping, Inf), with and without
+    worker momentum.
+
+    Writes report.md (one table per momentum, defences x attacks, with each defence's
+    worst case), modern-grid.png and results.jsonl into --out.
+
+    Example (1 seed, 300 rounds):
+
+        ps-experiment modern --out experiments/modern --seeds 1
+    """
+    grid = GridRun.take(values)
+    try:
+        betas = tuple(float(b) for b in _names(momenta))
+    except ValueError as e:
+        raise click.BadParameter(f"not a number: {e}", param_hint="--momenta") from e
+    spec = ModernSpec(grid.spec(rounds=grid.rounds or MODERN_ROUNDS, sweeps=False,
+                                num_shards=shards),
+                      _names(defences), _names(attacks), betas)
+    try:
+        cells = modern_cells(spec)
+        for cell in cells[:len(spec.defences) * len(spec.attacks) * len(betas)]:
+            cell.configs()  # a bad rule, attack or momentum fails here, before any run
+    except (ConfigError, RuleError) as e:
+        raise click.UsageError(str(e)) from e
+
+    def write(results: list, info: ReportInfo) -> Path:
+        from ps.experiments.modern import write_modern_report
+        from ps.experiments.report import header
+
+        return write_modern_report(grid.out, results, info.metric, spec.attacks,
+                                   header(results, info))
+
+    grid.run(cells, recipe(spec.grid.dataset).metric, write)
 
 
 def _verification(out: Path, checked: list | None) -> list | None:
@@ -112,20 +234,6 @@ def _verification(out: Path, checked: list | None) -> list | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _write_outputs(out: Path, results: list, spec: GridSpec, engine: str,
-                   checked: list | None, wall_s: float) -> Path:
-    """results.jsonl, the figures and report.md."""
-    from ps.experiments.figures import draw_all
-    from ps.experiments.report import ReportInfo, write_report, write_results
-
-    write_results(out, results)
-    metric = recipe(spec.dataset).metric
-    figures = draw_all(out, results, metric)
-    command = shlex.join(["ps-experiment", *sys.argv[1:]])
-    return write_report(out, results, ReportInfo(command, wall_s, metric, engine, figures,
-                                                 checked))
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -73,7 +73,7 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
 class Cell:
     """One run of the grid: a figure it belongs to, its settings, its cache key."""
 
-    figure: str  # "paper", "q-sweep" or "batch-sweep"
+    figure: str  # "paper", "q-sweep", "batch-sweep" or "modern"
     scenario: str
     run: dict[str, Any] = field(hash=False)
     attack: dict[str, Any] = field(hash=False)
@@ -81,6 +81,12 @@ class Cell:
     @property
     def rule(self) -> str:
         return self.run["rule"]
+
+    @property
+    def defence(self) -> str:
+        """The rule, after its pre-aggregation chain if any: ``nnm+trimmed-mean``."""
+        pre = self.run.get("pre")
+        return "+".join([*pre.split(","), self.rule]) if pre else self.rule
 
     @property
     def seed(self) -> int:
@@ -105,7 +111,9 @@ class Cell:
         extra = f" q={self.run['q']}" if self.figure == "q-sweep" else ""
         if self.figure == "batch-sweep":
             extra = f" batch={self.run['batch_size']}"
-        return f"{self.figure}/{self.scenario}/{self.rule}{extra}/seed {self.seed}"
+        if self.figure == "modern":
+            extra = f" momentum={self.run.get('worker_momentum', 0.0):g}"
+        return f"{self.figure}/{self.scenario}/{self.defence}{extra}/seed {self.seed}"
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ class GridSpec:
     dataset: str = "fashion-mnist"
     model: str = "mlp"
     num_workers: int = 20
+    num_shards: int = 4  # the paper's gambler scenario sets its own 20
     rounds: int = 500
     seeds: int = 2
     lr: float = 0.1
@@ -153,7 +162,7 @@ class GridSpec:
 
     def base(self, seed: int) -> dict[str, Any]:
         return {"dataset": self.dataset, "model": self.model, "num_workers": self.num_workers,
-                "num_shards": 4, "rounds": self.rounds, "lr": self.lr,
+                "num_shards": self.num_shards, "rounds": self.rounds, "lr": self.lr,
                 "batch_size": self.batch_size, "seed": seed}
 
     def batch_sweep(self) -> tuple[int, ...]:

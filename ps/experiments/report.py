@@ -59,7 +59,7 @@ class ReportInfo:
 def write_report(out: Path, results: list[dict[str, Any]], info: ReportInfo) -> Path:
     """``report.md``: how it was made, the final table, the figures, a verdict per claim
     of the paper, the sweeps and the verification."""
-    lines = _header(results, info) + _table(results, info.metric)
+    lines = header(results, info) + _table(results, info.metric)
     names = {p.name for p in info.figures}
     lines += _figures(names, ["accuracy-grid.png"] + [f"accuracy-{s}.png" for s in SCENARIOS])
     lines += _claims(results, info.metric)
@@ -72,8 +72,8 @@ def write_report(out: Path, results: list[dict[str, Any]], info: ReportInfo) -> 
     return path
 
 
-def _header(results: list[dict[str, Any]], info: ReportInfo) -> list[str]:
-    paper = [r for r in results if r["figure"] == "paper"]
+def header(results: list[dict[str, Any]], info: ReportInfo) -> list[str]:
+    """The report's first lines: the command, the time, the dataset, the engine."""
     distinct = {r["key"]: r for r in results}
     datasets = sorted({r["dataset"] for r in results})
     note = ""
@@ -93,7 +93,7 @@ def _header(results: list[dict[str, Any]], info: ReportInfo) -> list[str]:
         "single-core compute in all (cached ones included)",
         f"* Dataset: {', '.join(datasets)}{note}",
         f"* Rounds: {', '.join(map(str, sorted({r['rounds'] for r in results})))}; seeds: "
-        f"{', '.join(map(str, sorted({r['seed'] for r in paper})))}; n = 20; metric: "
+        f"{', '.join(map(str, sorted({r['seed'] for r in results})))}; metric: "
         f"{info.metric}",
         f"* Engine: {engine[info.engine]}",
     ]

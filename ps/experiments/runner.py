@@ -58,8 +58,10 @@ def run_cell(cell: Cell, data_dir: str | None, eval_every: int,
     result = simulate(cfg, attack, dataset=_datasets[key], on_round=lambda t, sim: (
         record(t, sim.params()) if t % eval_every == 0 or t == cfg.rounds else None))
     return {"key": cell.key, "figure": cell.figure, "scenario": cell.scenario,
-            "rule": cell.rule, "q": cfg.q, "batch_size": cfg.batch_size, "seed": cfg.seed,
-            "rounds": cfg.rounds, "dataset": cfg.dataset, "seconds": result.seconds,
+            "rule": cell.rule, "defence": cell.defence, "q": cfg.q,
+            "worker_momentum": cfg.worker_momentum, "batch_size": cfg.batch_size,
+            "seed": cfg.seed, "rounds": cfg.rounds, "dataset": cfg.dataset,
+            "seconds": result.seconds,
             "params_sha256": result.digest, "points": points}
 
 
@@ -83,8 +85,9 @@ def run_cluster_cell(cell: Cell, out: Path, data_dir: str | None, eval_every: in
     result = Cluster(spec).run()
     points = [{k: e[k] for k in ("round", "top1", "top3", "loss")} for e in result.evaluations]
     return {"key": cell.key, "engine": "cluster", "figure": cell.figure,
-            "scenario": cell.scenario, "rule": cell.rule, "q": cfg.q,
-            "batch_size": cfg.batch_size, "seed": cfg.seed, "rounds": cfg.rounds,
+            "scenario": cell.scenario, "rule": cell.rule, "defence": cell.defence, "q": cfg.q,
+            "worker_momentum": cfg.worker_momentum, "batch_size": cfg.batch_size,
+            "seed": cfg.seed, "rounds": cfg.rounds,
             "dataset": cfg.dataset, "seconds": result.seconds,
             "params_sha256": result.digest, "points": points}
 
@@ -138,10 +141,15 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
         results[cell.key] = result
         elapsed = time.monotonic() - started
         eta = elapsed / done * (len(todo) - done)
-        progress(f"[{done}/{len(todo)}] {cell.label()}: top-1 "
-                 f"{result['points'][-1]['top1']:.3f} ({result['seconds']:.0f} s); "
-                 f"elapsed {elapsed:.0f} s, ETA {eta:.0f} s")
+        progress(f"{_bar(done, len(todo))} {done}/{len(todo)} | elapsed {elapsed:.0f} s, "
+                 f"ETA {eta:.0f} s | {cell.label()}: top-1 "
+                 f"{result['points'][-1]['top1']:.3f} ({result['seconds']:.0f} s)")
     return [{**results[c.key], "figure": c.figure} for c in cells]
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _computed(todo: list[Cell], how: CellRun) -> Iterator[tuple[Cell, dict[str, Any]]]:

@@ -7,6 +7,11 @@ ends with parameters bit-identical to a multi-process run (compare
 ``params_digest``). Given the participation a run recorded (rounds closed at their
 deadline without some workers), it aggregates exactly the pushes that run did. It is
 also the fast path for parameter sweeps.
+
+Worker momentum (``--worker-momentum``) is kept per worker as the worker processes keep
+it, every worker computing every round from round 0: a run without faults is reproduced
+bit for bit; a worker process that restarted (its momentum starts again at 0) or skipped
+rounds is not modelled.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
 from server.shard import RoundMetrics, ShardState
-from worker.byzantine import byzantine_gradient, forge, honest_workers
+from worker.byzantine import (
+    ByzantineState,
+    Momentum,
+    byzantine_gradient,
+    forge,
+    honest_workers,
+    worker_attack,
+)
 from worker.trainer import GradientComputer
 
 
@@ -64,6 +76,12 @@ class Simulation:
         }
         self.corrupted_values = 0
         self.last_metrics: list[RoundMetrics] = []  # each shard's step in the last round
+        # each honest worker's momentum; each Byzantine worker's state (its own momentum,
+        # and, once it tracks them itself, the honest workers' it recomputes)
+        self.momenta = [Momentum(cfg.worker_momentum) for _ in range(cfg.num_workers)]
+        self.byzantine_states = {i: ByzantineState.start(cfg, attack)
+                                 for i in range(cfg.num_workers) if attack.is_byzantine(i)}
+        self.tracking: set[int] = set()
 
     def params(self) -> np.ndarray:
         return np.concatenate([s.params for s in self.shards])
@@ -76,20 +94,29 @@ class Simulation:
         grads: list[np.ndarray] = [None] * n  # type: ignore[list-item]
         byzantine = [i for i in range(n) if self.attack.is_byzantine(i)]
         honest = honest_workers(self.cfg, self.attack)
-        for i in range(n):
-            if i not in byzantine:
-                grads[i] = self.computer.gradient(views[i], t, i)[0]
+        raw = {i: self.computer.gradient(views[i], t, i)[0] for i in honest}
+        # a Byzantine worker that pulled what the honest workers pulled, and has always
+        # seen their very vectors, reuses them instead of recomputing them
+        trains = bool(byzantine) and worker_attack(self.attack).trains
+        shortcut = {i: not trains and i not in self.tracking
+                    and self._pulled_alike(views, i, honest) for i in byzantine}
+        for i in byzantine:
+            if not (shortcut[i] or trains or i in self.tracking) and self.cfg.worker_momentum:
+                # from now on it keeps the honest workers' momentum itself, from theirs
+                self.byzantine_states[i].honest = {j: self.momenta[j].copy() for j in honest}
+                self.tracking.add(i)
+        for i in honest:
+            grads[i] = self.momenta[i](raw[i])
         forged = None  # the matrix every Byzantine worker that pulled alike forges
         for i in byzantine:
-            if self._pulled_alike(views, i, honest):
-                # it recomputes the honest workers' very gradients: take them instead
+            if shortcut[i]:
                 if forged is None:
                     forged = forge(self.cfg, self.attack,
                                    np.stack([grads[j] for j in honest]), t)
                 grads[i] = forged[self.attack.byzantine_workers.index(i)]
             else:
                 grads[i] = byzantine_gradient(self.cfg, self.attack, self.computer, views[i],
-                                              t, i)
+                                              t, i, state=self.byzantine_states[i])
         metrics = []
         for s, (a, b) in enumerate(self.ranges):
             pushes = [g[a:b] for g in grads]

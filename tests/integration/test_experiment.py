@@ -6,6 +6,7 @@ the verification, and the CIFAR-10 recipe's plumbing."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -145,3 +146,43 @@ def test_the_cifar10_recipe_runs_the_cnn_with_top3_on_a_tiny_synthetic_set(
     report = (out / "report.md").read_text()
     assert "metric: top3" in report and "## Final test top3" in report
     assert _is_png(out / "accuracy-none.png")
+
+
+MODERN = ["--dataset", "synthetic", "--rounds", "4", "--seeds", "1", "--num-workers", "7",
+          "--defences", "mean,nnm+trimmed-mean", "--attacks", "none,inf",
+          "--momenta", "0,0.9", "--eval-every", "2", "--jobs", "1"]
+
+
+def test_the_modern_grid_tables_defences_by_attack_per_momentum(tmp_path: Path) -> None:
+    """Two defences x (no attack, Inf by 2 of 7 workers) x two momenta: one table per
+    momentum with each defence's worst case; Mean is wrecked by Inf where NNM + trimmed
+    mean keeps its accuracy; a second invocation computes nothing; a defence with an
+    unknown pre-aggregation is refused before any run."""
+    out = tmp_path / "modern"
+    first = CliRunner().invoke(main, ["modern", "--out", str(out), *MODERN])
+    assert first.exit_code == 0, first.output
+    assert "8 cells (8 distinct runs): 0 cached, 8 to run" in first.output
+    report = (out / "report.md").read_text()
+    assert "### Worker momentum 0: final test top1" in report
+    assert "### Worker momentum 0.9: final test top1" in report
+    points = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    final = {(p["worker_momentum"], p["defence"], p["scenario"]): p["top1"]
+             for p in points if p["round"] == 4}
+    loss = {(p["worker_momentum"], p["defence"], p["scenario"]): p["loss"]
+            for p in points if p["round"] == 4}
+    assert len(final) == 8
+    for beta in (0.0, 0.9):
+        assert math.isnan(loss[(beta, "mean", "inf")])  # the model is NaN: Mean averaged inf
+        assert math.isfinite(loss[(beta, "nnm+trimmed-mean", "inf")])
+        robust = final[(beta, "nnm+trimmed-mean", "inf")]
+        assert f"| {robust:.3f} ({'inf'}) |" in report
+        assert abs(robust - final[(beta, "nnm+trimmed-mean", "none")]) < 0.03
+    # momentum changes what the workers push, so the runs differ
+    assert final[(0.0, "mean", "none")] != final[(0.9, "mean", "none")]
+    assert _is_png(out / "modern-grid.png") and "![modern-grid.png](modern-grid.png)" in report
+    again = CliRunner().invoke(main, ["modern", "--out", str(out), *MODERN])
+    assert again.exit_code == 0 and "8 cached, 0 to run" in again.output
+    bad = CliRunner().invoke(main, ["modern", "--out", str(tmp_path / "bad"), *MODERN,
+                                    "--defences", "mean,foo+krum"])
+    assert bad.exit_code == 2 and "unknown pre-aggregation foo" in bad.output
+    assert not (tmp_path / "bad" / "cells").exists()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import RunConfig
+from common.config import AttackConfig, RunConfig
 from common.errors import EXIT_CONFIG, EXIT_PEER
 from common.keys import CurveClient, KeyRing, create_keys
 from common.protocol import Error, ErrorCode, Header, Hello, Push, Welcome, decode, encode
@@ -103,3 +103,26 @@ def test_roles_refuse_to_start_without_keys_unless_insecure(processes, tmp_path)
         "--shard", "0", "--bind", "tcp://127.0.0.1:*", *to_argv(CFG, SERVER)])
     assert processes.wait_exit(server, 60) == EXIT_CONFIG
     assert any("--insecure" in line for line in server.tail())
+
+
+def test_shards_of_several_chunks_cross_curve(tmp_path: Path) -> None:
+    """A shard above one wire chunk (4 MB) with keys: each chunk arrives as a CURVE
+    MESSAGE 33 bytes longer than itself, which the inbound frame limit must allow (it
+    once disconnected every such push and pull, so the run never started). The 10.6M
+    parameter model over 2 shards: 21 MB, 6 chunks a message."""
+    import torch
+
+    from ps.launcher.cluster import Cluster, ClusterSpec
+    from ps.launcher.options import ClusterOptions
+    from ps.reference.engine import simulate
+    from worker.options import ClientOptions
+
+    cfg = RunConfig(dataset="synthetic", model="wide", num_workers=3, num_shards=2,
+                    rule="mean", q=0, rounds=2, seed=1).validate()
+    attack = AttackConfig().validate(cfg)
+    spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=tmp_path / "run",
+                       client=ClientOptions(timeout_s=20, retries=1),
+                       cluster=ClusterOptions(run_timeout_s=120, no_evaluator=True))
+    result = Cluster(spec).run()
+    torch.set_num_threads(1)
+    assert result.digest == simulate(cfg, attack).digest
