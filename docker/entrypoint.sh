@@ -9,9 +9,26 @@
 #   $PS_OUT_DIR/logs/$PS_LOG_NAME.log as well as to the container's output.
 # * Forwards SIGTERM/SIGINT to the command (bash is PID 1 here) and exits with
 #   the command's exit status after the log copy is complete.
+# * A replica of the swarm stack's worker service (docker/stack.yml) has
+#   PS_WORKER_SLOT={{.Task.Slot}} (1, 2, ...): its worker id is the slot - 1
+#   (PS_WORKER_ID, replacing any given), its log name gets "-<id>", and a replica
+#   whose id is not in PS_BYZANTINE_WORKERS drops PS_WORKER_ATTACK (it is honest).
 set -uo pipefail
 
 [ -n "${PS_READY_FILE:-}" ] && rm -f "$PS_READY_FILE"
+
+if [ -n "${PS_WORKER_SLOT:-}" ]; then
+  if ! [[ "$PS_WORKER_SLOT" =~ ^[0-9]+$ ]] || [ "$((10#$PS_WORKER_SLOT))" -lt 1 ]; then
+    echo "entrypoint: PS_WORKER_SLOT must be a task slot (1, 2, ...), got '$PS_WORKER_SLOT'" >&2
+    exit 2
+  fi
+  export PS_WORKER_ID=$((10#$PS_WORKER_SLOT - 1))
+  [ -n "${PS_LOG_NAME:-}" ] && export PS_LOG_NAME="$PS_LOG_NAME-$PS_WORKER_ID"
+  if [ -n "${PS_BYZANTINE_WORKERS:-}" ] \
+      && [[ ",${PS_BYZANTINE_WORKERS// /}," != *",$PS_WORKER_ID,"* ]]; then
+    unset PS_WORKER_ATTACK
+  fi
+fi
 
 if [ $# -eq 0 ]; then
   set -- ps-server --help

@@ -72,6 +72,7 @@ READY_FILE = Path("/tmp/ps-ready")
 OUT_DIR = Path("/runs")
 KEYS_DIR = OUT_DIR / "keys"
 ARGS_MARK = "# gen_compose.py options: "
+SCRIPT = "docker/gen_compose.py"
 RESTART_POLICY = "on-failure:3"  # a node that died comes back (not a finished one)
 
 
@@ -130,7 +131,10 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     scenario = from_environ(AttackConfig, env, LAUNCHERS)
     params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
     byzantine = tuple(options["byzantine_workers"])
-    attack = replace(scenario, params=params, proxy_shards=tuple(options["proxy_shards"]),
+    proxies = tuple(options["proxy_shards"])
+    if not proxies:  # --proxy-shards '': no proxy, whatever attack the env file names
+        scenario = replace(scenario, proxy_attack=NO_ATTACK)
+    attack = replace(scenario, params=params, proxy_shards=proxies,
                      byzantine_workers=byzantine,
                      worker_attack=options["worker_attack"] if byzantine else NO_ATTACK)
     return Deployment(cfg, attack.validate(cfg), env)
@@ -140,9 +144,9 @@ def endpoint(host: str) -> str:
     return f"tcp://{host}:{PORT}"
 
 
-def command_for(options: dict) -> str:
-    """The generator command line that reproduces ``options``."""
-    parts = ["python3 docker/gen_compose.py"]
+def command_for(options: dict, script: str = SCRIPT) -> str:
+    """The command line of generator ``script`` that reproduces ``options``."""
+    parts = [f"python3 {script}"]
     if options["env_file"] != DEFAULT_ENV:
         parts.append(f"--env-file {options['env_file']}")
     if options["proxy_shards"] != [0]:
@@ -160,38 +164,50 @@ def _environment(role: str, *settings: Any) -> dict[str, str]:
     return env
 
 
-def service_environments(dep: Deployment) -> dict[str, tuple[str, dict[str, str]]]:
-    """Service name -> (command, environment beyond the run configuration)."""
+def worker_environment(dep: Deployment, worker_id: int | None, byzantine: bool,
+                       keys_dir: Path = KEYS_DIR) -> dict[str, str]:
+    """A worker's environment beyond the run configuration; ``worker_id`` None leaves
+    ``PS_WORKER_ID`` to the container, ``byzantine`` adds the worker attack's settings."""
+    attack = dep.attack
+    fronts = [f"proxy-{k}" if k in attack.proxy_shards else f"server-{k}"
+              for k in range(dep.cfg.num_shards)]
+    lies = (attack, *attack.active(attack.worker_attack)) if byzantine else ()
+    return _environment(
+        WORKER, dep.settings(ClientOptions, WORKER, servers=",".join(map(endpoint, fronts)),
+                             worker_id=worker_id),
+        *lies, SecurityOptions(keys=keys_dir),
+        dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR))
+
+
+def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
+                         ) -> dict[str, tuple[str, dict[str, str]]]:
+    """Service name -> (command, environment beyond the run configuration); every
+    process reads the run's keys from ``keys_dir``."""
     cfg, attack = dep.cfg, dep.attack
     s, n = cfg.num_shards, cfg.num_workers
     servers = [f"server-{k}" for k in range(s)]
-    fronts = [f"proxy-{k}" if k in attack.proxy_shards else servers[k] for k in range(s)]
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for k, name in enumerate(servers):
         out[name] = ("ps-server", _environment(
             SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}",
                                  resume=True),  # a restarted container goes on
-            SecurityOptions(keys=KEYS_DIR),
+            SecurityOptions(keys=keys_dir),
             dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
     for k in attack.proxy_shards:
         out[f"proxy-{k}"] = ("ps-proxy", _environment(
             PROXY, dep.settings(ProxyOptions, PROXY, bind=f"tcp://0.0.0.0:{PORT}",
                                 server=endpoint(servers[k]), shard=k),
-            SecurityOptions(keys=KEYS_DIR),
+            SecurityOptions(keys=keys_dir),
             attack, *attack.active(attack.proxy_attack),
             dep.settings(ProcessOptions, PROXY, out_dir=OUT_DIR, ready_file=READY_FILE)))
-    worker_servers = ",".join(endpoint(h) for h in fronts)
     for i in range(n):
-        lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(i) else ()
-        out[f"worker-{i}"] = ("ps-worker", _environment(
-            WORKER, dep.settings(ClientOptions, WORKER, servers=worker_servers, worker_id=i),
-            *lies, SecurityOptions(keys=KEYS_DIR),
-            dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR)))
+        out[f"worker-{i}"] = ("ps-worker",
+                              worker_environment(dep, i, attack.is_byzantine(i), keys_dir))
     # the evaluator reads the real servers, never a proxy: it measures what they hold
     out["evaluator"] = ("ps-worker", _environment(
         EVALUATOR, dep.settings(ClientOptions, EVALUATOR, evaluate=True,
                                 servers=",".join(endpoint(h) for h in servers)),
-        dep.settings(EvalOptions, EVALUATOR), SecurityOptions(keys=KEYS_DIR),
+        dep.settings(EvalOptions, EVALUATOR), SecurityOptions(keys=keys_dir),
         dep.settings(ProcessOptions, EVALUATOR, out_dir=OUT_DIR)))
     return out
 
@@ -297,15 +313,11 @@ def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """The generators' options for the env file and the topology (recorded in the file)."""
     parser.add_argument("--env-file", default=DEFAULT_ENV,
                         help="env file holding the run's settings, relative to the "
                         f"repository root (default {DEFAULT_ENV})")
-    parser.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
-                        help=f"compose file to write (default {DEFAULT_OUTPUT})")
-    parser.add_argument("--workers", "-n", type=int, help="set PS_WORKERS in the env file first")
-    parser.add_argument("--shards", "-S", type=int, help="set PS_SHARDS in the env file first")
     parser.add_argument("--proxy-shards", type=int_list, default=[0],
                         help="shards with a ps-proxy in front (comma-separated, '' for "
                         "none; default 0)")
@@ -313,6 +325,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker ids that run --worker-attack (comma-separated)")
     parser.add_argument("--worker-attack", choices=attack_names(WORKER)[1:], default="gaussian",
                         help="attack of the Byzantine workers (default gaussian)")
+
+
+def topology_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`add_topology_arguments` as recorded in a generated file."""
+    return {
+        "env_file": args.env_file,
+        "proxy_shards": sorted(set(args.proxy_shards)),
+        "byzantine_workers": sorted(set(args.byzantine_workers)),
+        "worker_attack": args.worker_attack,
+    }
+
+
+def recorded_options(path: Path, mark: str) -> dict[str, Any] | None:
+    """The options recorded after ``mark`` in a generated file's header (None: no such line)."""
+    recorded = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith(mark):
+            recorded = json.loads(line[len(mark):])
+    return recorded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_topology_arguments(parser)
+    parser.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
+                        help=f"compose file to write (default {DEFAULT_OUTPUT})")
+    parser.add_argument("--workers", "-n", type=int, help="set PS_WORKERS in the env file first")
+    parser.add_argument("--shards", "-S", type=int, help="set PS_SHARDS in the env file first")
     parser.add_argument("--check", action="store_true",
                         help="do not write: exit 1 if the compose file differs from what "
                         "its recorded options and the env file give")
@@ -324,41 +364,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _generate(args: argparse.Namespace) -> int:
+def generator_options(args: argparse.Namespace, mark: str, script: str,
+                      ) -> dict[str, Any] | None:
+    """The topology options of a generator run: with ``--check``, those recorded after
+    ``mark`` in ``args.output`` (None, said on stderr, if it has none); else the command
+    line's."""
+    if not args.check:
+        return topology_options(args)
     output = ROOT / args.output
-    if args.check:
-        if not output.exists():
-            print(f"{args.output} does not exist", file=sys.stderr)
-            return 1
-        recorded = None
-        for line in output.read_text(encoding="utf-8").splitlines():
-            if line.startswith(ARGS_MARK):
-                recorded = json.loads(line[len(ARGS_MARK):])
-        if recorded is None:
-            print(f"{args.output} was not written by gen_compose.py", file=sys.stderr)
-            return 1
-        options = recorded
-    else:
-        options = {
-            "env_file": args.env_file,
-            "proxy_shards": sorted(set(args.proxy_shards)),
-            "byzantine_workers": sorted(set(args.byzantine_workers)),
-            "worker_attack": args.worker_attack,
-        }
-    env_path = ROOT / options["env_file"]
-    if not args.check and (args.workers is not None or args.shards is not None):
-        updates = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards}
-        for key, value in updates.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
-        set_env_values(env_path, {k: v for k, v in updates.items() if v is not None})
-    dep = deployment(read_env(env_path), options)
-    text = render(dep, options)
+    if not output.exists():
+        print(f"{args.output} does not exist", file=sys.stderr)
+        return None
+    recorded = recorded_options(output, mark)
+    if recorded is None:
+        print(f"{args.output} was not written by {Path(script).name}", file=sys.stderr)
+    return recorded
+
+
+def check_or_write(args: argparse.Namespace, dep: Deployment, options: dict[str, Any],
+                   text: str, script: str) -> int:
+    """Write ``text`` to ``args.output``, or with ``--check`` exit 1 if it holds other text."""
+    output = ROOT / args.output
     s, n = dep.cfg.num_shards, dep.cfg.num_workers
     if args.check:
         if output.read_text(encoding="utf-8") != text:
             print(f"{args.output} is stale: it differs from what {options['env_file']} "
-                  f"gives now; rerun: {command_for(options)}", file=sys.stderr)
+                  f"gives now; rerun: {command_for(options, script)}", file=sys.stderr)
             return 1
         print(f"{args.output} is up to date ({s} servers, {n} workers)")
         return 0
@@ -367,3 +398,18 @@ def _generate(args: argparse.Namespace) -> int:
           f"proxies before {list(dep.attack.proxy_shards) or 'no shard'}, "
           f"Byzantine workers {options['byzantine_workers'] or 'none'}")
     return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    options = generator_options(args, ARGS_MARK, SCRIPT)
+    if options is None:
+        return 1
+    env_path = ROOT / options["env_file"]
+    if not args.check and (args.workers is not None or args.shards is not None):
+        updates = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards}
+        for key, value in updates.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        set_env_values(env_path, {k: v for k, v in updates.items() if v is not None})
+    dep = deployment(read_env(env_path), options)
+    return check_or_write(args, dep, options, render(dep, options), SCRIPT)

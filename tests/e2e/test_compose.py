@@ -29,6 +29,19 @@ def test_compose_file_matches_env_file() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_empty_proxy_shards_means_no_proxy(tmp_path: Path) -> None:
+    """``--proxy-shards ''`` (docs/docker.md: no proxy) drops the proxy even though
+    docker/cluster.env names a proxy attack: every worker talks to every server."""
+    out = tmp_path / "compose.yml"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docker" / "gen_compose.py"), "--proxy-shards", "",
+         "-o", str(out)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert "proxy-0:" not in text and "tcp://proxy-0" not in text
+    assert "PS_PROXY_ATTACK: \"gambler\"" not in text and "tcp://server-0:5550" in text
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
 def test_compose_smoke() -> None:

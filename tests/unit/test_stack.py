@@ -1,0 +1,291 @@
+"""The Docker Swarm stack (``docker/stack.yml``, ``ps/deploy/stack.py``).
+
+The stack is derived from ``docker/cluster.env`` like the compose file: the services,
+the worker replicas and their ids from the task slot, the keys as secrets (each service
+exactly the key files its process loads, none in an environment), placement, restart
+policy and volume; ``docker/gen_stack.py --check`` keeps the committed file current.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.errors import ConfigError
+from common.keys import KeyRing, create_keys
+from ps.deploy.compose import Deployment, deployment, read_env
+from ps.deploy.stack import (
+    ARGS_MARK,
+    KEYS_MARK,
+    SECRETS_DIR,
+    TASK_SLOT,
+    main,
+    render,
+    service_keys,
+    stack_spec,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV_FILE = ROOT / "docker" / "cluster.env"
+ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+DEFAULT = {"env_file": "docker/cluster.env", "proxy_shards": [0], "byzantine_workers": [],
+           "worker_attack": "gaussian"}
+Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+
+
+def _dep(**options: Any) -> Deployment:
+    return deployment(read_env(ENV_FILE), {**DEFAULT, **options})
+
+
+def _services(**options: Any) -> dict[str, Any]:
+    return stack_spec(_dep(**options))["services"]
+
+
+def test_services_replicas_and_network() -> None:
+    dep = _dep()
+    n, s = dep.cfg.num_workers, dep.cfg.num_shards
+    spec = stack_spec(dep)
+    services = spec["services"]
+    assert list(services) == [*(f"server-{k}" for k in range(s)), "proxy-0", "worker",
+                              "evaluator"]
+    assert services["worker"]["deploy"]["replicas"] == n == 8
+    for name, service in services.items():
+        assert service["deploy"]["replicas"] == (n if name == "worker" else 1)
+        assert service["networks"] == ["byzps"]
+        assert service["deploy"]["endpoint_mode"] == "dnsrr"
+        assert service["environment"]["PS_LOG_NAME"] == name
+        assert service["environment"]["PS_WORKERS"] == str(n)
+    assert spec["networks"] == {"byzps": {"driver": "overlay", "attachable": True}}
+    # servers by their stable names; the workers reach shard 0 through its proxy
+    assert services["worker"]["environment"]["PS_SERVERS"] == ",".join(
+        ["tcp://proxy-0:5550", *(f"tcp://server-{k}:5550" for k in range(1, s))])
+    assert services["evaluator"]["environment"]["PS_SERVERS"] == ",".join(
+        f"tcp://server-{k}:5550" for k in range(s))
+    assert services["proxy-0"]["environment"]["PS_PROXY_SERVER"] == "tcp://server-0:5550"
+    assert services["proxy-0"]["environment"]["PS_PROXY_ATTACK"] == "gambler"
+    assert "healthcheck" in services["server-0"] and "healthcheck" not in services["worker"]
+
+    env = {**read_env(ENV_FILE), "PS_PROXY_ATTACK": "none"}
+    no_proxy = stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))["services"]
+    assert "proxy-0" not in no_proxy
+    assert no_proxy["worker"]["environment"]["PS_SERVERS"].startswith("tcp://server-0:5550")
+    assert "proxy-0.key" not in stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))[
+        "secrets"]
+
+
+def _entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    return subprocess.run(["bash", str(ENTRYPOINT), *command], env={**base, **env},
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_worker_id_is_the_task_slot_minus_one() -> None:
+    env = _services()["worker"]["environment"]
+    assert env["PS_WORKER_SLOT"] == TASK_SLOT == "{{.Task.Slot}}"
+    assert "PS_WORKER_ID" not in env and "PS_WORKER_ATTACK" not in env
+    show = 'echo "$PS_WORKER_ID $PS_LOG_NAME ${PS_WORKER_ATTACK:-honest}"'
+    for slot in (1, 2, 8):
+        done = _entrypoint({"PS_WORKER_SLOT": str(slot), "PS_LOG_NAME": "worker",
+                            "PS_WORKER_ID": "99"}, "sh", "-c", show)
+        assert done.stdout.split() == [str(slot - 1), f"worker-{slot - 1}", "honest"]
+    for bad in ("0", "x", "-1", "1.5"):
+        done = _entrypoint({"PS_WORKER_SLOT": bad}, "sh", "-c", show)
+        assert done.returncode == 2 and "PS_WORKER_SLOT" in done.stderr
+
+
+def test_byzantine_workers_through_the_generator_options() -> None:
+    env = _services(byzantine_workers=[6, 7], worker_attack="alie")["worker"]["environment"]
+    assert env["PS_WORKER_ATTACK"] == "alie" and env["PS_BYZANTINE_WORKERS"] == "6,7"
+    show = 'echo "$PS_WORKER_ID ${PS_WORKER_ATTACK:-honest}"'
+    for slot in range(1, 9):
+        done = _entrypoint({"PS_WORKER_SLOT": str(slot), "PS_WORKER_ATTACK": "alie",
+                            "PS_BYZANTINE_WORKERS": env["PS_BYZANTINE_WORKERS"]},
+                           "sh", "-c", show)
+        assert done.stdout.split() == [str(slot - 1), "alie" if slot - 1 in (6, 7) else "honest"]
+
+
+@pytest.mark.parametrize("slot", [1, 7])
+def test_a_replica_of_a_byzantine_stack_passes_the_worker_checks(slot: int,
+                                                                 tmp_path: Path) -> None:
+    """ps-worker itself accepts the replica's environment (an honest replica with the
+    stack's attack settings is refused without the entrypoint's step): it gets past its
+    configuration checks and gives up on the unreachable servers (exit 4, not 2)."""
+    env = dict(_services(byzantine_workers=[6, 7], worker_attack="alie")["worker"]
+               ["environment"])
+    del env["PS_KEYS"]
+    env.update({"PS_WORKER_SLOT": str(slot), "PS_INSECURE": "1", "PS_DATASET": "synthetic",
+                "PS_SERVERS": ",".join(["tcp://127.0.0.1:9"] * 4), "PS_TIMEOUT": "0.2",
+                "PS_RETRIES": "0", "PS_OUT_DIR": str(tmp_path)})
+    done = _entrypoint(env, sys.executable, "-m", "worker.cli")
+    assert done.returncode == 4, done.stdout + done.stderr
+    log = (tmp_path / "logs" / f"worker-{slot - 1}.log").read_text()
+    assert "no reply" in log and "not in --byzantine-workers" not in log
+
+
+EXPECTED_KEYS = {
+    "server-0": ["server-0.key_secret", *(f"worker-{i}.key" for i in range(8)),
+                 "evaluator.key", "proxy-0.key"],
+    "server-1": ["server-1.key_secret", *(f"worker-{i}.key" for i in range(8)),
+                 "evaluator.key"],
+    "proxy-0": ["proxy-0.key_secret", "server-0.key_secret", "server-0.key",
+                *(f"worker-{i}.key" for i in range(8))],
+    "worker": [*(f"worker-{i}.key_secret" for i in range(8)),
+               *(f"server-{k}.key" for k in range(4))],
+    "evaluator": ["evaluator.key_secret", *(f"server-{k}.key" for k in range(4))],
+}
+
+
+def test_secrets_per_service(tmp_path: Path) -> None:
+    dep = _dep()
+    spec = stack_spec(dep)
+    keys = service_keys(dep)
+    for name, files in EXPECTED_KEYS.items():
+        assert keys[name] == files
+    for name, service in spec["services"].items():
+        assert [m["source"] for m in service["secrets"]] == keys[name]
+        assert service["environment"]["PS_KEYS"] == str(SECRETS_DIR) == "/run/secrets/keys"
+        for mount in service["secrets"]:
+            assert mount["target"] == f"/run/secrets/keys/{mount['source']}"
+            assert (mount["uid"], mount["gid"]) == ("1000", "1000")
+            assert mount["mode"] == (0o400 if mount["source"].endswith("_secret") else 0o444)
+        assert sum(m["source"].endswith(".key_secret") for m in service["secrets"]) == (
+            8 if name == "worker" else 2 if name.startswith("proxy") else 1)
+    # the secrets the stack declares are the files `ps-keys` writes with the header's
+    # arguments, all external and named <prefix>-<file>
+    text = render(dep, DEFAULT)
+    arguments = next(line for line in text.splitlines() if line.startswith(KEYS_MARK))
+    assert arguments == KEYS_MARK + "--shards 4 --workers 8 --proxies 0"
+    create_keys(tmp_path, 4, 8, proxies=(0,))
+    declared = spec["secrets"]
+    assert set(declared) == set(os.listdir(tmp_path))
+    assert set(declared) == {m["source"] for s in spec["services"].values()
+                             for m in s["secrets"]}
+    for file, secret in declared.items():
+        assert secret == {"external": True, "name": "${PS_SECRET_PREFIX:-byzps}-" + file}
+    # scripts/swarm_secrets.sh reads the same list from the committed stack file
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "swarm_secrets.sh"), "files"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == list(declared)
+
+
+def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
+    """What the process of ``service`` loads from its key directory."""
+    s, n = dep.cfg.num_shards, dep.cfg.num_workers
+    if service.startswith("server-"):
+        curve = ring.server_curve(int(service.split("-")[1]))
+        return curve.public, curve.secret, sorted(i.name for i in curve.clients.values())
+    if service.startswith("proxy-"):
+        k = int(service.split("-")[1])
+        front = ring.server_curve(k)
+        return (ring.client_curve(service, k), front.secret,
+                sorted(i.name for i in front.clients.values()))
+    if service == "worker":
+        return [ring.client_curve(f"worker-{i}", k) for i in range(n) for k in range(s)]
+    return [ring.client_curve("evaluator", k) for k in range(s)]
+
+
+def _misses(service: str, directory: Path, dep: Deployment, full: Any) -> bool:
+    """Whether the process of ``service`` fails to load, or loads less, from ``directory``."""
+    try:
+        return _load(service, KeyRing(directory), dep) != full
+    except ConfigError:
+        return True
+
+
+def test_each_service_gets_exactly_the_keys_its_process_loads(tmp_path: Path) -> None:
+    dep = _dep()
+    everything = tmp_path / "all"
+    create_keys(everything, 4, 8, proxies=(0,))
+    for service, files in service_keys(dep).items():
+        directory = tmp_path / service
+        directory.mkdir()
+        for file in files:
+            shutil.copy(everything / file, directory / file)
+        full = _load(service, KeyRing(directory), dep)
+        if service.startswith(("server-", "proxy-")):
+            admitted = full[2]
+            workers = [f"worker-{i}" for i in range(8)]
+            assert admitted == sorted(
+                workers if service.startswith("proxy-")
+                else [*workers, "evaluator", *(["proxy-0"] if service == "server-0" else [])])
+        for file in files:  # without any one of them the process misses something
+            (directory / file).unlink()
+            assert _misses(service, directory, dep, full), (service, file)
+            shutil.copy(everything / file, directory / file)
+
+
+def test_no_key_material_in_any_environment(tmp_path: Path) -> None:
+    create_keys(tmp_path, 4, 8, proxies=(0,))
+    material = {m.group(1) for f in tmp_path.iterdir()
+                for m in re.finditer(r'-key = "(.{40})"', f.read_text())}
+    assert len(material) == 2 * 14  # 14 identities: a public and a secret key each
+    for options in (DEFAULT, {**DEFAULT, "byzantine_workers": [6, 7], "worker_attack": "alie"}):
+        spec = stack_spec(_dep(**options))
+        for name, service in spec["services"].items():
+            for key, value in service["environment"].items():
+                assert not Z85.match(value), (name, key)
+                assert "KEY" not in key or key == "PS_KEYS", (name, key)
+        assert not any(m in render(_dep(**options), options) for m in material)
+
+
+def test_placement_restart_policy_and_volume() -> None:
+    spec = stack_spec(_dep())
+    for name, service in spec["services"].items():
+        assert service["deploy"]["restart_policy"] == {
+            "condition": "on-failure", "delay": "5s", "max_attempts": 3}
+        assert service["volumes"] == ["runs:/runs"]
+        assert service["environment"]["PS_OUT_DIR"] == "/runs"
+        assert service["cap_drop"] == ["ALL"]
+        assert ("placement" in service["deploy"]) == (name == "worker")
+    assert spec["services"]["worker"]["deploy"]["placement"] == {
+        "preferences": [{"spread": "node.labels.zone"}]}
+    assert spec["volumes"] == {"runs": {}}
+    # a restarted server resumes its checkpoint
+    assert spec["services"]["server-0"]["environment"]["PS_RESUME"] == "1"
+
+
+def test_rendered_yaml_is_the_spec() -> None:
+    yaml = pytest.importorskip("yaml")
+    for options in (DEFAULT, {**DEFAULT, "proxy_shards": []},
+                    {**DEFAULT, "byzantine_workers": [6, 7], "worker_attack": "alie"}):
+        dep = _dep(**options)
+        text = render(dep, options)
+        assert yaml.safe_load(text) == stack_spec(dep)
+        assert "mode: 0400" in text and "mode: 0444" in text
+
+
+def test_check_passes_on_the_committed_stack_file() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "docker" / "gen_stack.py"), "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "up to date" in done.stdout
+
+
+def test_check_detects_a_changed_env_file(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    env = tmp_path / "cluster.env"
+    shutil.copy(ENV_FILE, env)
+    out = tmp_path / "stack.yml"
+    assert main(["--env-file", str(env), "-o", str(out)]) == 0
+    assert ARGS_MARK in out.read_text()
+    assert main(["--check", "-o", str(out)]) == 0
+    for key, value in (("PS_WORKERS", "6"), ("PS_LR", "0.05")):
+        original = env.read_text()
+        env.write_text(re.sub(rf"^{key}=.*$", f"{key}={value}", original, flags=re.M))
+        capsys.readouterr()
+        assert main(["--check", "-o", str(out)]) == 1
+        assert "stale" in capsys.readouterr().err
+        env.write_text(original)
+        assert main(["--check", "-o", str(out)]) == 0
+    env.write_text(re.sub(r"^PS_WORKERS=.*$", "PS_WORKERS=6", env.read_text(), flags=re.M))
+    assert main(["--env-file", str(env), "-o", str(out)]) == 0
+    assert '"replicas": 6' not in out.read_text() and "replicas: 6" in out.read_text()
+    env.write_text(env.read_text() + "PS_NOT_A_SETTING=1\n")
+    assert main(["--check", "-o", str(out)]) == 2
