@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (root) with access
-# to the package registries only: the Fashion-MNIST dataset package, a CPU torch,
+# to the package registries only: the Fashion-MNIST dataset package, iptables (for the
+# network-namespace test), a CPU torch,
 # then the project itself with its test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,13 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     echo "install: warning: /usr/share/datasets/fashion-mnist missing; install Debian's" \
       "dataset-fashion-mnist or pass --dataset synthetic / --data-dir" >&2
   fi
+fi
+
+# iptables: the network-namespace test drops packets with it (skipped without it)
+if ! command -v iptables >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "install: Debian's iptables (random packet loss in tests/integration/test_netns.py)" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null
 fi
 
 PIP="${PIP:-python3 -m pip}"

@@ -19,6 +19,15 @@ stays bit-identical to the reference engine.
 With keys each link is a CURVE client that checks the server's key; a failed handshake
 (an impostor, a wrong address, a key the server does not admit) is seen on the socket's
 monitor and ends the client with ``PeerError`` naming the endpoint, instead of a hang.
+A key refused by the server ends it at once. A connection closed during the handshake
+(what an impostor, unable to read the HELLO, does) ends it only if no handshake succeeds
+for ``HANDSHAKE_GRACE_S`` (or when the request gives up): a TCP relay, load balancer or
+docker-proxy in front of a server that is restarting or not yet reachable accepts the
+connection and closes it the same way, and the link rides that out.
+
+A connection that drops while a request waits for its reply (reset by a relay, a
+middlebox or the peer) has lost whatever was in flight on it: the link is reopened and
+the request resent at once, as after a timeout, instead of waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -61,6 +70,11 @@ WAIT_SLICE_MS = 250
 MAX_RESENDS = 3
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# The server refused this key, or the handshake broke its protocol: final at once.
+HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+# Seconds a link may see its connections closed during the handshake (no detail: an
+# impostor, or a relay whose server is not reachable yet) before it gives up.
+HANDSHAKE_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -81,19 +95,25 @@ class Link:
         self.curve = curve
         self.hello_frames: list | None = None  # set once the first HELLO went out
         self.welcomes_due = 0  # WELCOMEs to re-HELLOs still to come (skipped)
+        # when a connection was first closed during the handshake, with none succeeding
+        # since (kept across reopen: a resend does not restart the grace)
+        self.failing_since: float | None = None
+        self.connected = False  # a handshake succeeded on the current connection
+        self.dropped = False  # a connection that had got through was lost since
         self.socket, self.monitor = self._open()
 
-    def _open(self) -> tuple[zmq.Socket, zmq.Socket | None]:
+    def _open(self) -> tuple[zmq.Socket, zmq.Socket]:
         sock = connect_dealer(self.ctx, self.endpoint, linger_ms=0, curve=self.curve)
-        monitor = None
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         if self.curve is not None:
-            monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        return sock, monitor
+            events |= HANDSHAKE_FAILED
+        return sock, sock.get_monitor_socket(events)
 
     def reopen(self) -> None:
         self.close()
         self.socket, self.monitor = self._open()
         self.welcomes_due = 0
+        self.connected = self.dropped = False
         self.hello_again()
 
     def hello_again(self) -> None:
@@ -127,21 +147,41 @@ class Link:
         return incoming.message
 
     def check_handshake(self) -> None:
-        """``PeerError`` if the CURVE handshake with the endpoint failed."""
-        if self.monitor is None:
-            return
+        """Read the socket's events: note a connection lost after its handshake
+        (``dropped``); ``PeerError`` if the CURVE handshake with the endpoint was refused,
+        or its connections kept being closed during it for ``HANDSHAKE_GRACE_S``."""
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)["event"]
-            if event & HANDSHAKE_FAILED:
-                raise PeerError(
-                    f"the security handshake with {self.endpoint} failed: the peer there "
-                    f"does not hold the key of the server expected there, or does not admit "
-                    f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.failing_since = None
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.dropped = self.dropped or self.connected
+                self.connected = False
+            elif event & HANDSHAKE_REFUSED:
+                raise self.handshake_error()
+            elif event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.failing_since is None:
+                self.failing_since = time.monotonic()
+                log.warning("%s closed the connection during the security handshake; "
+                            "retrying for up to %g s (a server restarting behind a relay?)",
+                            self.endpoint, HANDSHAKE_GRACE_S)
+        if (self.failing_since is not None
+                and time.monotonic() - self.failing_since >= HANDSHAKE_GRACE_S):
+            raise self.handshake_error()
+
+    def handshake_error(self) -> PeerError:
+        """The error that names this endpoint's failed handshake."""
+        closed = ("" if self.failing_since is None else
+                  f" (it closed every connection during the handshake for "
+                  f"{time.monotonic() - self.failing_since:.0f} s)")
+        return PeerError(
+            f"the security handshake with {self.endpoint} failed{closed}: the peer there "
+            f"does not hold the key of the server expected there, or does not admit "
+            f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
 
     def close(self) -> None:
-        if self.monitor is not None:
-            self.socket.disable_monitor()
-            self.monitor.close(linger=0)
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
         self.socket.close(linger=0)
 
 
@@ -360,6 +400,14 @@ class ClusterClient:
         """
         results: dict[int, object] = {}
         pending = set(requests)
+
+        def resend(s: int) -> None:
+            """A new socket to shard s (it says HELLO again), then the request again."""
+            self.links[s].reopen()
+            if before_resend is not None:
+                before_resend(s)
+            self.links[s].send(requests[s])
+
         for attempt in range(self.policy.retries + 1):
             for s in pending:
                 if attempt:
@@ -368,13 +416,13 @@ class ClusterClient:
                         self.links[s].endpoint, self.policy.timeout_s, attempt,
                         self.policy.retries,
                     )
-                    self.links[s].reopen()
-                    if before_resend is not None:
-                        before_resend(s)
-                self.links[s].send(requests[s])
+                    resend(s)
+                else:
+                    self.links[s].send(requests[s])
             try:
                 self._collect(pending, results, checks, resent=idempotent and attempt > 0,
-                              requests=requests, push_round=push_round)
+                              requests=requests, push_round=push_round,
+                              resend=resend, idempotent=idempotent)
             except Exception:
                 # replies still due would be read as answers to the next request
                 for s in pending:
@@ -382,6 +430,10 @@ class ClusterClient:
                 raise
             if not pending:
                 return results
+        for s in sorted(pending):  # not a silent server: one whose handshake never got through
+            self.links[s].check_handshake()
+            if self.links[s].failing_since is not None:
+                raise self.links[s].handshake_error()
         names = ", ".join(self.links[s].endpoint for s in sorted(pending))
         raise ClusterTimeout(
             f"no reply from {names} after {self.policy.retries + 1} attempts of "
@@ -396,8 +448,11 @@ class ClusterClient:
         resent: bool,
         requests: dict[int, list],
         push_round: int | None,
+        resend: Callable[[int], None],
+        idempotent: bool,
     ) -> None:
         resends = dict.fromkeys(pending, 0)
+        sent_again: set[int] = set()  # resent on a new socket: their connection dropped
         poller = zmq.Poller()
         by_socket = {}
         for s in pending:
@@ -412,7 +467,19 @@ class ClusterClient:
             ready = poller.poll(min(remaining_ms, WAIT_SLICE_MS))
             if not ready:
                 for s in pending:
-                    self.links[s].check_handshake()
+                    link = self.links[s]
+                    link.check_handshake()
+                    # what was in flight on it is lost: resend it now, once (a peer that
+                    # drops every such request is left to the timeout, not a storm)
+                    if link.dropped and s not in sent_again:
+                        log.warning("the connection to %s was lost with a request in flight; "
+                                    "reconnecting and resending", link.endpoint)
+                        poller.unregister(link.socket)
+                        del by_socket[link.socket]
+                        resend(s)
+                        poller.register(link.socket, zmq.POLLIN)
+                        by_socket[link.socket] = s
+                        sent_again.add(s)
             for sock, _ in ready:
                 s = by_socket[sock]
                 link = self.links[s]
@@ -436,7 +503,8 @@ class ClusterClient:
                         deadline = time.monotonic() + self.policy.timeout_s
                         continue
                 if isinstance(header, Error):
-                    if not _accepted_on_resend(header, resent):
+                    if not _accepted_on_resend(header,
+                                               resent or (idempotent and s in sent_again)):
                         if header.code == ErrorCode.CONFIG_MISMATCH.value:
                             raise ConfigError(f"{link.endpoint} refused: {header.message}")
                         raise ServerRefused(link.endpoint, header)

@@ -77,3 +77,14 @@ def test_a_quorum_below_n_minus_q_is_refused_at_start_naming_both(command, tmp_p
 def test_resume_of_a_directory_that_holds_no_run_is_a_configuration_error(tmp_path) -> None:
     result = CliRunner().invoke(cluster_main, ["--resume", str(tmp_path)])
     assert result.exit_code == EXIT_CONFIG and "command.json" in result.output
+
+
+def test_checkpoints_sparser_than_the_workers_replay_are_refused(tmp_path) -> None:
+    """A server restarted from a checkpoint older than the workers' replay window would
+    wait for rounds nobody can resend: ps-cluster refuses it before starting anything."""
+    result = CliRunner().invoke(cluster_main, [*SMALL, "--out-dir", str(tmp_path / "run"),
+                                               "--checkpoint-every", "20",
+                                               "--replay-rounds", "16"])
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert "--checkpoint-every 20 is above --replay-rounds 16" in result.output
+    assert not list((tmp_path / "run").glob("**/server-*"))  # no process was started
