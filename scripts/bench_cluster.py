@@ -18,8 +18,8 @@ Scaling in d (``--d-models``): the same cluster (S = 4) with each model for
 bytes every server moves (n pushes in, n replies out, of d/S float32 each) at the wire
 framing's ceiling measured in the same run (``scripts/bench_wire.py``'s, with CURVE
 unless ``--insecure``: one encrypting and one decrypting process, so both cores), plus
-the n gradients and the S aggregations measured in the run itself, spread over the
-machine's cores.
+the n gradients and the S aggregations, each timed alone in this process (one thread),
+spread over the machine's cores.
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ import torch
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.metrics import read_jsonl
+from common.model_init import initial_parameters
 from common.models import build_model, num_parameters
+from common.rules import make_rule
 from ps.reference.engine import simulate
+from worker.trainer import GradientComputer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wire import MODES, measure  # a sibling script
@@ -152,32 +155,49 @@ class DScaling:
     mb_in_per_s_per_server: float
     ceiling_mb_per_s: float
     message_mb: float
-    compute_ms: float  # one worker's gradient, median
-    aggregation_ms: float  # one server's step, median
+    compute_ms: float  # one gradient, measured alone
+    aggregation_ms: float  # one shard's aggregation, measured alone
     round_ms: float  # median interval between rounds
     floor_ms: float
 
 
-def d_scaling(model: str, args: list[str], out: Path, workers: int, insecure: bool,
+def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, float]:
+    """(one gradient, one shard's aggregation) in ms, each measured alone in this process
+    with one torch thread: their CPU cost, free of the cluster's contention."""
+    torch.set_num_threads(1)
+    computer = GradientComputer(cfg, data)
+    x = initial_parameters(cfg)
+    rule = make_rule(cfg.rule, cfg.num_workers, cfg.q, **cfg.rule_options())
+    rows = torch.randn(cfg.num_workers, computer.d // cfg.num_shards)
+
+    def median_ms(step: Any) -> float:
+        step()  # warm up (kernels, allocator)
+        times = []
+        for _ in range(reps):
+            began = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times) * 1e3
+
+    return (median_ms(lambda: computer.gradient(x, 0, 0)), median_ms(lambda: rule(rows)))
+
+
+def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, insecure: bool,
               data: Any) -> DScaling:
     """Run the cluster with ``model`` and compare its rounds with the floor."""
-    shards = 4
-    measured = run_cluster([*args, "--model", model, "--shards", str(shards)], out,
-                           f"d: {model}", shards)
+    measured = run_cluster([*args, "--model", model, "--shards", str(cfg.num_shards)], out,
+                           f"d: {model}", cfg.num_shards)
     d = num_parameters(build_model(model, tuple(data.train_x.shape[1:]), data.num_classes, 0))
-    servers = [read_jsonl(out / f"server-{s}.jsonl") for s in range(shards)]
-    times = [r["time"] for r in servers[0]]
+    times = [r["time"] for r in read_jsonl(out / "server-0.jsonl")]
     round_ms = statistics.median(b - a for a, b in itertools.pairwise(times)) * 1e3
-    aggregation_ms = statistics.median(r["aggregation_ms"] for rs in servers for r in rs)
-    compute_ms = statistics.median(r["compute_ms"] for i in range(workers)
-                                   for r in read_jsonl(out / f"worker-{i}.jsonl")[1:])
-    message_mb = d / shards * 4 / 1e6
+    compute_ms, aggregation_ms = isolated_costs(cfg, data)
+    message_mb = d / cfg.num_shards * 4 / 1e6
     ceiling = measure(MODES[0], message_mb, max(5, int(400 / message_mb)),
                       curve=not insecure) * 1e3  # MB/s
-    wire_mb = 2 * workers * d * 4 / 1e6  # every push in, every reply out, over all shards
+    wire_mb = 2 * cfg.num_workers * d * 4 / 1e6  # every push in, every reply out
     cores = os.cpu_count() or 1
-    floor_ms = (wire_mb / ceiling * 1e3 + (workers * compute_ms + shards * aggregation_ms)
-                / cores)
+    floor_ms = (wire_mb / ceiling * 1e3
+                + (cfg.num_workers * compute_ms + cfg.num_shards * aggregation_ms) / cores)
     return DScaling(model, d, measured.rounds_per_s, measured.bytes_in_per_s_per_server / 1e6,
                     ceiling, message_mb, compute_ms, aggregation_ms, round_ms, floor_ms)
 
@@ -186,7 +206,7 @@ def _print_d_table(rows: list[DScaling]) -> None:
     click.echo("\nscaling in d (S=4): the floor is the wire share (2 n d float32 at the "
                "ceiling) plus n gradients and S aggregations over the cores")
     click.echo("| model | d | rounds/s | MB/s in per server | wire ceiling at d/S | "
-               "gradient (median) | aggregation (median) | round (median) | floor | "
+               "gradient alone | aggregation alone | round (median) | floor | "
                "round / floor |")
     click.echo("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -236,7 +256,9 @@ def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds:
                 str(d_rounds), "--no-evaluator", *(["--insecure"] if insecure else [])]
         with tempfile.TemporaryDirectory() as tmp:
             click.echo(f"running d: {name} ...", err=True)
-            scaling.append(d_scaling(name, args, Path(tmp) / "run", workers, insecure,
+            cfg = RunConfig(dataset=dataset, model=name, num_workers=workers, num_shards=4,
+                            rule=rule).validate()
+            scaling.append(d_scaling(name, args, Path(tmp) / "run", cfg, insecure,
                                      load_dataset(dataset, seed=0)))
     if scaling:
         _print_d_table(scaling)

@@ -215,10 +215,11 @@ def modern(defences: str, attacks: str, momenta: str, shards: int, **values: Any
 
     def write(results: list, info: ReportInfo) -> Path:
         from ps.experiments.modern import write_modern_report
-        from ps.experiments.report import header
+        from ps.experiments.report import header, verification_lines
 
+        checked = verification_lines(info.verification) if info.verification else None
         return write_modern_report(grid.out, results, info.metric, spec.attacks,
-                                   header(results, info))
+                                   header(results, info), checked)
 
     grid.run(cells, recipe(spec.grid.dataset).metric, write)
 

@@ -157,9 +157,10 @@ def modern_figure(out: Path, results: list[dict[str, Any]], metric: str,
 
 
 def write_modern_report(out: Path, results: list[dict[str, Any]], metric: str,
-                        attacks: tuple[str, ...], header: list[str]) -> Path:
-    """``report.md`` of a modern grid: ``header`` (how it was made), the tables and the
-    heat map."""
+                        attacks: tuple[str, ...], header: list[str],
+                        verification: list[str] | None = None) -> Path:
+    """``report.md`` of a modern grid: ``header`` (how it was made), the tables, the heat
+    map and the ``verification`` section if any."""
     figure = modern_figure(out, results, metric, attacks)
     lines = [*header, "", "## Final accuracy by defence and attack", "",
              "Attacks by the first 6/20 of the workers (6 of 20), every rule told q = their "
@@ -167,6 +168,7 @@ def write_modern_report(out: Path, results: list[dict[str, Any]], metric: str,
     lines += modern_tables(results, metric, attacks)
     if figure is not None:
         lines += ["", f"![{figure.name}]({figure.name})"]
+    lines += verification or []
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

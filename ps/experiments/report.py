@@ -66,7 +66,7 @@ def write_report(out: Path, results: list[dict[str, Any]], info: ReportInfo) -> 
     lines += _sweeps(results, info.metric)
     lines += _figures(names, ["q-sweep.png", "batch-sweep.png"])
     if info.verification is not None:
-        lines += _verification(info.verification)
+        lines += verification_lines(info.verification)
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -148,7 +148,8 @@ def _sweeps(results: list[dict[str, Any]], metric: str) -> list[str]:
     return lines
 
 
-def _verification(checked: list[dict[str, Any]]) -> list[str]:
+def verification_lines(checked: list[dict[str, Any]]) -> list[str]:
+    """The report's section on the ``--verify-sample`` cells."""
     same = sum(c["same"] for c in checked)
     lines = ["", "## Cluster verification", "",
              f"{len(checked)} cells run again through real processes (`--verify-sample`): "
