@@ -351,7 +351,7 @@ def main(quota: int, workers: int, shards: int, rounds: int, rule: str, proxy_at
         create_keys(keys, shards, workers, proxies=(0,))
         spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=out / "run",
                            cluster=ClusterOptions(no_evaluator=False),
-                           server=ServerOptions(checkpoint_every=50),
+                           server=ServerOptions(),
                            security=SecurityOptions(keys=keys))
         report = _attack_cluster(spec, KeyRing(keys), quota, idle_connections, strangers)
     click.echo(json.dumps(report["summary"], indent=2))

@@ -13,6 +13,25 @@ from common.settings import CLUSTER, SERVER, setting
 # about 1.4 ms of CPU per server and round here, 28 ms a round with 20 servers; the
 # workers keep the last 16 rounds' pushes (--replay-rounds) for a server resumed from it.
 CHECKPOINT_EVERY = 8
+# Rounds of the workers' replay window a checkpoint interval must leave free: the
+# checkpoint handed to the writer thread when the server dies may not be on disk yet,
+# and one write may have failed.
+REPLAY_SLACK = 2
+
+
+def check_replayable(checkpoint_every: int, replay_rounds: int) -> None:
+    """``ConfigError`` unless a server restarted from its last checkpoint (``--resume``)
+    gets every round after it replayed by the workers, who keep ``replay_rounds``."""
+    if checkpoint_every == 0:
+        raise ConfigError("--checkpoint-every 0 saves only at exit: a server restarted after "
+                          "a crash would have no checkpoint the workers can replay from; give "
+                          "an interval (or --max-restarts 0)")
+    if checkpoint_every + REPLAY_SLACK > replay_rounds:
+        raise ConfigError(f"--checkpoint-every {checkpoint_every} needs --replay-rounds of at "
+                          f"least {checkpoint_every + REPLAY_SLACK} (got {replay_rounds}): a "
+                          "server restarted from its last checkpoint would miss rounds no "
+                          "worker can replay; lower the one or raise the other (or "
+                          "--max-restarts 0)")
 
 @dataclass(frozen=True)
 class ServerOptions:

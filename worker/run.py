@@ -87,6 +87,7 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             metrics.write({
                 "round": t, "loss": loss, "compute_ms": (computed - began) * 1e3,
                 "exchange_ms": (done - computed) * 1e3,
+                "started_at": start,  # this process's first round: its momentum began there
             })
             if t % 100 == 0:
                 log.info("round %d loss %.4f", t, loss)

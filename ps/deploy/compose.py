@@ -61,7 +61,7 @@ from common.settings import (
     to_environ,
 )
 from ps.proxy.options import ProxyOptions
-from server.options import ServerOptions
+from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +128,9 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     if unknown:
         raise ConfigError(f"not a setting: {', '.join(unknown)} (see `ps-cluster --help`)")
     cfg = from_environ(RunConfig, env, ROLES).validate()
+    # every node restarts on failure and a server resumes from its checkpoint
+    check_replayable(from_environ(ServerOptions, env, {SERVER}, shard=0).checkpoint_every,
+                     from_environ(ClientOptions, env, {WORKER}).replay_rounds)
     scenario = from_environ(AttackConfig, env, LAUNCHERS)
     params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
     byzantine = tuple(options["byzantine_workers"])

@@ -219,7 +219,7 @@ def modern(defences: str, attacks: str, momenta: str, shards: int, **values: Any
 
         checked = verification_lines(info.verification) if info.verification else None
         return write_modern_report(grid.out, results, info.metric, spec.attacks,
-                                   header(results, info), checked)
+                                   header(results, info), spec.grid.num_workers, checked)
 
     grid.run(cells, recipe(spec.grid.dataset).metric, write)
 

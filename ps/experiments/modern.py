@@ -79,9 +79,9 @@ def final_by_defence(results: list[dict[str, Any]], metric: str
     table: dict[float, dict[str, dict[str, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     for r in results:
-        if r["figure"] == "modern":
-            table[r["worker_momentum"]][r["defence"]][r["scenario"]].append(
-                _finite(r["points"][-1][metric]))
+        if r["figure"] == "modern":  # a cell cached by an older grid may lack the fields
+            row = table[r.get("worker_momentum", 0.0)][r.get("defence", r["rule"])]
+            row[r["scenario"]].append(_finite(r["points"][-1][metric]))
     return table
 
 
@@ -123,7 +123,7 @@ def modern_tables(results: list[dict[str, Any]], metric: str, attacks: tuple[str
 
 
 def modern_figure(out: Path, results: list[dict[str, Any]], metric: str,
-                  attacks: tuple[str, ...]) -> Path | None:
+                  attacks: tuple[str, ...], f: int, n: int) -> Path | None:
     """``modern-grid.png``: a heat map of the final accuracy (defence x attack), one panel
     per worker momentum, each value written in its square."""
     from ps.plots.style import pyplot, save
@@ -150,21 +150,23 @@ def modern_figure(out: Path, results: list[dict[str, Any]], metric: str,
         ax.set_yticks(range(len(defences)), defences)
         ax.grid(False)
         ax.set_title(f"worker momentum {beta:g}")
-        ax.set_xlabel("attack (by the first 6/20 of the workers)")
+        ax.set_xlabel(f"attack (by the first {f} of the {n} workers)")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"final test {metric}")
     fig.suptitle("Modern defences against modern attacks")
     return save(fig, out / "modern-grid.png")
 
 
 def write_modern_report(out: Path, results: list[dict[str, Any]], metric: str,
-                        attacks: tuple[str, ...], header: list[str],
+                        attacks: tuple[str, ...], header: list[str], num_workers: int,
                         verification: list[str] | None = None) -> Path:
     """``report.md`` of a modern grid: ``header`` (how it was made), the tables, the heat
     map and the ``verification`` section if any."""
-    figure = modern_figure(out, results, metric, attacks)
+    f = len(byzantine_workers(num_workers))
+    figure = modern_figure(out, results, metric, attacks, f, num_workers)
     lines = [*header, "", "## Final accuracy by defence and attack", "",
-             "Attacks by the first 6/20 of the workers (6 of 20), every rule told q = their "
-             "number. *worst attack*: the lowest final accuracy over the attacks."]
+             f"Attacks by the first {f} of the {num_workers} workers; every rule told q = {f} "
+             "(or the largest q it accepts below that). *worst attack*: the lowest final "
+             "accuracy over the attacks."]
     lines += modern_tables(results, metric, attacks)
     if figure is not None:
         lines += ["", f"![{figure.name}]({figure.name})"]

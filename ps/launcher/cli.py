@@ -16,6 +16,7 @@ from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError, PeerError
 from common.keys import SecurityOptions
+from common.metrics import read_jsonl
 from common.process import ProcessOptions, pin_torch_threads, run_process
 from common.settings import COMMAND_ROLES, take
 from ps.launcher.options import ClusterOptions
@@ -123,6 +124,14 @@ def verify(spec, digest: str) -> None:
     from ps.reference.participation import read_participation
 
     cfg = spec.cfg
+    if cfg.worker_momentum:
+        broken = momentum_breaks(spec.out_dir, cfg.num_workers, cfg.rounds)
+        if broken:
+            raise ConfigError(
+                f"--verify cannot reproduce this run: with --worker-momentum each worker's "
+                f"momentum lives in its process, and worker(s) {', '.join(map(str, broken))} "
+                "restarted or skipped rounds (their momentum started again at 0), which the "
+                "reference engine does not model")
     participation = read_participation(spec.out_dir, cfg.num_shards, cfg.num_workers,
                                        cfg.rounds)
     click.echo(f"running the in-process reference engine ({participation.rounds_closed_short} "
@@ -134,6 +143,19 @@ def verify(spec, digest: str) -> None:
     click.echo(f"verified: the reference engine ends with the same parameters "
                f"({reference.seconds:.1f} s, {spec.cfg.rounds / reference.seconds:.1f} "
                "rounds/s)")
+
+
+def momentum_breaks(out_dir: Path, num_workers: int, rounds: int) -> list[int]:
+    """Workers whose metrics show a process started after round 0 (a restart or a
+    resumed run) or a round they did not compute: their momentum is not the engine's."""
+    broken = []
+    for i in range(num_workers):
+        records = read_jsonl(out_dir / f"worker-{i}.jsonl")
+        computed = [r["round"] for r in records]
+        if (computed != list(range(rounds))
+                or any(r.get("started_at", 0) != 0 for r in records)):
+            broken.append(i)
+    return broken
 
 
 class ProgressLine:

@@ -49,7 +49,7 @@ from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
 from ps.proxy.options import ProxyOptions
 from server.checkpoint import final_parameters, params_digest
-from server.options import ServerOptions
+from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
 
 log = logging.getLogger("ps.cluster")
@@ -465,12 +465,8 @@ def _outcome(exc: BaseException) -> str:
 def check_launchable(spec: ClusterSpec) -> None:
     """``ConfigError`` for settings the processes would refuse, before starting any."""
     spec.server.check(spec.cfg)
-    every = spec.server.checkpoint_every
-    if every > spec.client.replay_rounds and spec.cluster.max_restarts > 0:
-        raise ConfigError(f"--checkpoint-every {every} is above --replay-rounds "
-                          f"{spec.client.replay_rounds}: a server restarted from its last "
-                          "checkpoint would miss rounds no worker can replay; lower the one "
-                          "or raise the other (or --max-restarts 0)")
+    if spec.cluster.max_restarts > 0:
+        check_replayable(spec.server.checkpoint_every, spec.client.replay_rounds)
     attack = spec.attack
     if spec.server.round_timeout_s is not None and attack.proxy_holds_rounds:
         raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
-from common.errors import EXIT_CONFIG
+from common.errors import EXIT_CONFIG, ConfigError
 from ps.launcher.cli import main as cluster_main
 from ps.proxy.cli import main as proxy_main
 from ps.reference.cli import main as simulate_main
 from server.cli import main as server_main
 from worker.cli import main as worker_main
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--dataset", "synthetic", "--workers", "3", "--shards", "1", "--rounds", "2"]
 
 
@@ -79,12 +82,52 @@ def test_resume_of_a_directory_that_holds_no_run_is_a_configuration_error(tmp_pa
     assert result.exit_code == EXIT_CONFIG and "command.json" in result.output
 
 
-def test_checkpoints_sparser_than_the_workers_replay_are_refused(tmp_path) -> None:
-    """A server restarted from a checkpoint older than the workers' replay window would
-    wait for rounds nobody can resend: ps-cluster refuses it before starting anything."""
-    result = CliRunner().invoke(cluster_main, [*SMALL, "--out-dir", str(tmp_path / "run"),
-                                               "--checkpoint-every", "20",
-                                               "--replay-rounds", "16"])
+@pytest.mark.parametrize(("every", "replay", "needle"), [
+    ("20", "16", "--checkpoint-every 20 needs --replay-rounds of at least 22 (got 16)"),
+    ("15", "16", "--checkpoint-every 15 needs --replay-rounds of at least 17 (got 16)"),
+    ("0", "16", "--checkpoint-every 0 saves only at exit"),
+])
+def test_checkpoints_the_workers_cannot_replay_from_are_refused(tmp_path, every: str,
+                                                                replay: str,
+                                                                needle: str) -> None:
+    """A server restarted from its last checkpoint (possibly one still being written)
+    must get every later round replayed by the workers: ps-cluster refuses an interval
+    that leaves the replay window no slack, or no checkpoint at all, before starting
+    anything; with --max-restarts 0 nothing is restarted and anything goes."""
+    args = [*SMALL, "--out-dir", str(tmp_path / "run"), "--checkpoint-every", every,
+            "--replay-rounds", replay]
+    result = CliRunner().invoke(cluster_main, args)
     assert result.exit_code == EXIT_CONFIG, result.output
-    assert "--checkpoint-every 20 is above --replay-rounds 16" in result.output
+    assert needle in result.output
     assert not list((tmp_path / "run").glob("**/server-*"))  # no process was started
+
+
+def test_the_compose_generator_refuses_checkpoints_the_workers_cannot_replay() -> None:
+    from ps.deploy.compose import deployment, read_env
+
+    env = {**read_env(ROOT / "docker" / "cluster.env"), "PS_CHECKPOINT_EVERY": "16"}
+    with pytest.raises(ConfigError, match="needs --replay-rounds of at least 18"):
+        deployment(env, {"proxy_shards": [0], "byzantine_workers": [],
+                         "worker_attack": "gaussian"})
+
+
+def test_verify_knows_which_workers_momentum_the_engine_cannot_reproduce(tmp_path) -> None:
+    """Worker momentum lives in the worker process: a worker that computed every round in
+    one process is reproducible; one restarted (a process whose first round is not 0) or
+    one that skipped a round is not, and --verify says so instead of reporting a
+    difference."""
+    import json
+
+    from ps.launcher.cli import momentum_breaks
+
+    def write(i: int, rounds: list[int], started_at: int = 0) -> None:
+        with (tmp_path / f"worker-{i}.jsonl").open("a") as f:
+            for t in rounds:
+                f.write(json.dumps({"round": t, "started_at": started_at}) + "\n")
+
+    write(0, [0, 1, 2, 3])
+    write(1, [0, 1])
+    write(1, [2, 3], started_at=2)  # restarted at round 2
+    write(2, [0, 1, 3])  # caught up past round 2
+    write(3, [0, 1, 2, 3])
+    assert momentum_breaks(tmp_path, 4, 4) == [1, 2]
