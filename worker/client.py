@@ -418,6 +418,9 @@ class ClusterClient:
                     )
                     resend(s)
                 else:
+                    # a connection lost before this request held none of it: forget it
+                    self.links[s].check_handshake()
+                    self.links[s].dropped = False
                     self.links[s].send(requests[s])
             try:
                 self._collect(pending, results, checks, resent=idempotent and attempt > 0,
