@@ -378,7 +378,7 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, idle: int,
     endpoints = _await(spec.out_dir / "run", ["server-1", "proxy-0"], thread)
     _await_round(spec.out_dir / "server-0.jsonl", thread)
     nodes = {p.name: p.pid for p in cluster.processes
-             if p.name.startswith(("server", "proxy")) and p.process is not None}
+             if p.name.startswith(("server", "proxy")) and p.pid is not None}
     baseline = {name: _rss_kb(pid, "VmRSS") for name, pid in nodes.items()}
     shard_sizes = _shard_sizes(cfg)
     targets = [Target("server-1", endpoints["server-1"], 1, shard_sizes[1]),
