@@ -33,42 +33,12 @@ project="${PS_COMPOSE_PROJECT:-byzps-smoke}"
 run_timeout_s="${PS_SMOKE_TIMEOUT:-900}"
 min_top1="${PS_SMOKE_MIN_TOP1:-0.5}"
 env_file="docker/cluster.env"
-offline_docker="$repo/../shared/tools/offline-docker.sh"
-
-say() { printf 'compose smoke: %s\n' "$*" >&2; }
-elapsed() { echo $(($(date +%s) - $1)); }
-
-skip_or_fail() {
-  if [ "${PS_COMPOSE_ALLOW_SKIP:-0}" = 1 ]; then
-    echo "SKIPPED compose smoke: $1"
-    echo "compose smoke: total $(elapsed "$t0") s"
-    exit 0
-  fi
-  echo "FAILED compose smoke: $1 (set PS_COMPOSE_ALLOW_SKIP=1 to skip instead)" >&2
-  echo "compose smoke: total $(elapsed "$t0") s"
-  exit 1
-}
+SMOKE="compose smoke" SMOKE_SKIP_VAR=PS_COMPOSE_ALLOW_SKIP
+# shellcheck source=scripts/smoke_lib.sh
+source scripts/smoke_lib.sh
 
 # --- 1. a Docker engine, docker-compose and the base image ------------------------
-engine_up() { docker info >/dev/null 2>&1; }
-if ! command -v docker >/dev/null 2>&1 || ! engine_up; then
-  if [ -f "$offline_docker" ] && [ "$(id -u)" = 0 ]; then
-    say "no Docker engine answers; starting one with $offline_docker"
-    bash "$offline_docker" >&2 || skip_or_fail "$offline_docker could not start an engine"
-  fi
-  command -v docker >/dev/null 2>&1 || skip_or_fail "no docker command"
-  engine_up || skip_or_fail "no Docker engine answers (docker info failed)"
-fi
-base_image="$(awk '/^ARG BASE_IMAGE=/{sub(/^ARG BASE_IMAGE=/, ""); print; exit}' Dockerfile)"
-if ! docker image inspect "$base_image" >/dev/null 2>&1 \
-    && ! timeout 120 docker pull -q "$base_image" >/dev/null 2>&1; then
-  if [ -f "$offline_docker" ] && [ "$(id -u)" = 0 ]; then
-    say "cannot pull $base_image; building a stand-in with $offline_docker"
-    bash "$offline_docker" >&2 || skip_or_fail "no base image $base_image"
-  else
-    skip_or_fail "base image $base_image can neither be found nor pulled"
-  fi
-fi
+ensure_engine_and_base_image
 if command -v docker-compose >/dev/null 2>&1; then
   compose=(docker-compose)
 elif docker compose version >/dev/null 2>&1; then
@@ -86,20 +56,7 @@ env_value() { sed -n "s/^$1=//p" "$env_file" | tail -n 1; }
 rounds="$(env_value PS_ROUNDS)"
 
 # --- 3. the image ------------------------------------------------------------------
-t_build=$(date +%s)
-build_args=()
-[ -n "${TORCH_INDEX_URL:-}" ] && build_args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
-build_log="$(mktemp /tmp/byzps-build.XXXXXX)"
-if ! docker build "${build_args[@]}" -t "$PS_IMAGE" . >"$build_log" 2>&1; then
-  tail -n 40 "$build_log" >&2
-  rm -f "$build_log"
-  echo "FAILED compose smoke: docker build failed" >&2
-  exit 1
-fi
-rm -f "$build_log"
-build_s=$(elapsed "$t_build")
-say "image $PS_IMAGE built in ${build_s} s ($(docker image inspect -f '{{.Size}}' "$PS_IMAGE" \
-  | awk '{printf "%.0f MB", $1 / 1e6}'))"
+build_image
 
 # --- 4. an empty output directory ----------------------------------------------------
 # (as root it stays root's, and the compose file's runs-dir service hands it to the

@@ -39,43 +39,12 @@ env_file="docker/cluster.env"
 stack_file="docker/stack.yml"
 volume="${stack}_runs"
 max_attempts="$(sed -n 's/.*max_attempts: \([0-9]*\).*/\1/p' "$stack_file" | head -n 1)"
-offline_docker="$repo/../shared/tools/offline-docker.sh"
-
-say() { printf 'swarm smoke: %s\n' "$*" >&2; }
-elapsed() { echo $(($(date +%s) - $1)); }
-fail() { echo "FAILED swarm smoke: $*" >&2; exit 1; }
-
-skip_or_fail() {
-  if [ "${PS_SWARM_ALLOW_SKIP:-0}" = 1 ]; then
-    echo "SKIPPED swarm smoke: $1"
-    echo "swarm smoke: total $(elapsed "$t0") s"
-    exit 0
-  fi
-  echo "FAILED swarm smoke: $1 (set PS_SWARM_ALLOW_SKIP=1 to skip instead)" >&2
-  echo "swarm smoke: total $(elapsed "$t0") s"
-  exit 1
-}
+SMOKE="swarm smoke" SMOKE_SKIP_VAR=PS_SWARM_ALLOW_SKIP
+# shellcheck source=scripts/smoke_lib.sh
+source scripts/smoke_lib.sh
 
 # --- 1. a Docker engine and the base image -------------------------------------------
-engine_up() { docker info >/dev/null 2>&1; }
-if ! command -v docker >/dev/null 2>&1 || ! engine_up; then
-  if [ -f "$offline_docker" ] && [ "$(id -u)" = 0 ]; then
-    say "no Docker engine answers; starting one with $offline_docker"
-    bash "$offline_docker" >&2 || skip_or_fail "$offline_docker could not start an engine"
-  fi
-  command -v docker >/dev/null 2>&1 || skip_or_fail "no docker command"
-  engine_up || skip_or_fail "no Docker engine answers (docker info failed)"
-fi
-base_image="$(awk '/^ARG BASE_IMAGE=/{sub(/^ARG BASE_IMAGE=/, ""); print; exit}' Dockerfile)"
-if ! docker image inspect "$base_image" >/dev/null 2>&1 \
-    && ! timeout 120 docker pull -q "$base_image" >/dev/null 2>&1; then
-  if [ -f "$offline_docker" ] && [ "$(id -u)" = 0 ]; then
-    say "cannot pull $base_image; building a stand-in with $offline_docker"
-    bash "$offline_docker" >&2 || skip_or_fail "no base image $base_image"
-  else
-    skip_or_fail "base image $base_image can neither be found nor pulled"
-  fi
-fi
+ensure_engine_and_base_image
 
 # --- 2. the stack file matches the env file ----------------------------------------
 python3 docker/gen_stack.py --check >&2
@@ -84,18 +53,7 @@ rounds="$(env_value PS_ROUNDS)"
 workers="$(env_value PS_WORKERS)"
 
 # --- 3. the image ------------------------------------------------------------------
-t_build=$(date +%s)
-build_args=()
-[ -n "${TORCH_INDEX_URL:-}" ] && build_args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
-build_log="$(mktemp /tmp/byzps-build.XXXXXX)"
-if ! docker build "${build_args[@]}" -t "$PS_IMAGE" . >"$build_log" 2>&1; then
-  tail -n 40 "$build_log" >&2
-  rm -f "$build_log"
-  fail "docker build failed"
-fi
-rm -f "$build_log"
-build_s=$(elapsed "$t_build")
-say "image $PS_IMAGE built in ${build_s} s"
+build_image
 
 # --- 4. a swarm, and nothing of ours in it yet ---------------------------------------
 swarm_state="$(docker info --format '{{.Swarm.LocalNodeState}}')"

@@ -35,6 +35,7 @@ class AlieOpt(Optimised):
     """ALIE with z searched against the configured rule every round."""
 
     name: ClassVar[str] = "alie-opt"
+    function = staticmethod(alie_opt)
     flag_prefix: ClassVar[str] = "alie-opt"
     summary: ClassVar[str] = ("ALIE's mean - z × std with z searched each round against the "
                               "configured --pre and --rule (ByzFL's line search, "
@@ -48,9 +49,3 @@ class AlieOpt(Optimised):
                            "(ByzFL's 1).", flag="--alie-opt-delta", minimum=0.0)
     ratio: float = setting(RATIO, "Optimised ALIE: contraction of the step, in (0.5, 1) "
                            "(ByzFL's 0.8).", flag="--alie-opt-ratio", minimum=0.5, maximum=1.0)
-
-    def forge(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
-              num_workers: int, aim: Aim | None = None) -> np.ndarray:
-        if aim is None:
-            raise ValueError("alie-opt needs an aim (the run's aggregation)")
-        return alie_opt(honest, num_byzantine, rng, aim, **self.search())

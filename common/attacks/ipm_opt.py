@@ -38,6 +38,7 @@ class IpmOpt(Optimised):
     """IPM with its factor searched against the configured rule every round."""
 
     name: ClassVar[str] = "ipm-opt"
+    function = staticmethod(ipm_opt)
     flag_prefix: ClassVar[str] = "ipm-opt"
     summary: ClassVar[str] = ("IPM's (1 - τ) × the mean of the correct vectors (ε = τ - 1) "
                               "with τ searched each round against the configured --pre and "
@@ -51,9 +52,3 @@ class IpmOpt(Optimised):
                            "(ByzFL's 1).", flag="--ipm-opt-delta", minimum=0.0)
     ratio: float = setting(RATIO, "Optimised IPM: contraction of the step, in (0.5, 1) "
                            "(ByzFL's 0.8).", flag="--ipm-opt-ratio", minimum=0.5, maximum=1.0)
-
-    def forge(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
-              num_workers: int, aim: Aim | None = None) -> np.ndarray:
-        if aim is None:
-            raise ValueError("ipm-opt needs an aim (the run's aggregation)")
-        return ipm_opt(honest, num_byzantine, rng, aim, **self.search())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,9 +42,13 @@ class Optimised(VectorAttack):
     delta: float
     ratio: float
 
-    def search(self) -> dict[str, Any]:
-        return {"evals": self.evals, "start": self.start, "delta": self.delta,
-                "ratio": self.ratio}
+    def forge(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
+              num_workers: int, aim: Aim | None = None) -> np.ndarray:
+        """``function(honest, num_byzantine, rng, aim, evals=..., ...)``: the attack with
+        its factor searched against ``aim``, the run's aggregation."""
+        if aim is None:
+            raise ValueError(f"{self.name} needs an aim (the run's aggregation)")
+        return type(self).function(honest, num_byzantine, rng, aim, **self.parameters())
 
     def check(self, num_workers: int, num_byzantine: int) -> None:
         super().check(num_workers, num_byzantine)
