@@ -17,6 +17,7 @@ A key directory holds, for each identity, ``<name>.key`` (the public key) and
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ class Identity:
         return self.role if self.index < 0 else f"{self.role}-{self.index}"
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)  # parsed for every message a server receives
     def parse(cls, name: str) -> Identity | None:
         """The identity a key file's name stands for, or None for a foreign name."""
         match = _NAME.match(name)

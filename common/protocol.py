@@ -251,10 +251,9 @@ def decode(frames: Sequence[Any]) -> Message:
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} not supported (need {PROTOCOL_VERSION})")
     op_code = body.pop("op", None)
-    try:
-        op = Op(op_code)
-    except (ValueError, TypeError):
-        raise ProtocolError(f"unknown op {op_code!r}") from None
+    op = _OPS.get(op_code) if _is_int(op_code) else None
+    if op is None:
+        raise ProtocolError(f"unknown op {op_code!r}")
     header = _build_header(HEADER_TYPES[op], body)
     chunks = tuple(_as_buffer(f) for f in frames[1:])
     if op in _TENSOR_OPS:
@@ -347,10 +346,18 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+# Per header type: the names of its fields.
+_FIELD_NAMES: dict[type, frozenset[str]] = {
+    cls: frozenset(name for name, *_ in schema) for cls, schema in _SCHEMAS.items()
+}
+_OPS: dict[int, Op] = {int(op): op for op in Op}
+
+
 def _build_header(cls: type, body: dict[str, Any]) -> Header:
     schema = _SCHEMAS[cls]
-    if len(body) > len(schema) or not set(body) <= {name for name, *_ in schema}:
-        unknown = sorted(map(str, set(body) - {name for name, *_ in schema}))
+    names = _FIELD_NAMES[cls]
+    if not body.keys() <= names:
+        unknown = sorted(map(str, set(body) - names))
         raise ProtocolError(f"{cls.__name__}: unknown fields {unknown}")
     for name, annotation, allowed, required in schema:
         if name not in body:

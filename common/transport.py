@@ -195,12 +195,18 @@ def _envelope_part(frames: list[Any]) -> list[Any]:
 def send(sock: zmq.Socket, envelope: Sequence[Any], header: Header,
          tensor: np.ndarray | None = None) -> None:
     """Send ``header`` (and its tensor) behind ``envelope``."""
-    sock.send_multipart(join_envelope(envelope, encode(header, tensor)), copy=False)
+    send_frames(sock, join_envelope(envelope, encode(header, tensor)))
 
 
-def send_frames(sock: zmq.Socket, frames: Sequence[Any]) -> None:
-    """Relay frames as they are."""
-    sock.send_multipart(frames, copy=False)
+_MORE = int(zmq.SNDMORE)
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
+    """Send frames as one message (as ``send_multipart(copy=False)``, without its
+    per-frame type checks and flag enums: this runs for every message of a round)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, flags | _MORE if i < last else flags, copy=False)
 
 
 class _KeyAuthenticator:

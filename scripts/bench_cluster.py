@@ -20,6 +20,12 @@ framing's ceiling measured in the same run (``scripts/bench_wire.py``'s, with CU
 unless ``--insecure``: one encrypting and one decrypting process, so both cores), plus
 the n gradients and the S aggregations, each timed alone in this process (one thread),
 spread over the machine's cores.
+
+The messaging floor (``scripts/bench_floor.py``): for each S, a synthetic cluster with
+the same n, d, CURVE and message pattern whose workers and servers only spin for the
+gradient and aggregation times measured alone, with almost no Python. It is what any
+design with one process and socket per shard can reach here; the table shows the
+cluster against it and the floor against the reference engine and across S.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +56,8 @@ from ps.reference.engine import simulate
 from worker.trainer import GradientComputer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_wire import MODES, measure  # a sibling script
+from bench_floor import Floor, measure_floor  # sibling scripts
+from bench_wire import MODES, measure
 
 SAMPLE_S = 0.2
 
@@ -250,6 +257,8 @@ def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds:
                     rule=rule, rounds=rounds).validate()
     reference, digest = reference_rounds_per_s(cfg)
     _print_table(runs, reference, digest, base)
+    floors = messaging_floors(runs, cfg, insecure)
+    _print_floor_table(runs, floors, reference)
     scaling = []
     for name in filter(None, d_models.split(",")):
         args = ["--workers", str(workers), "--rule", rule, "--dataset", dataset, "--rounds",
@@ -265,8 +274,46 @@ def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds:
     if json_path:
         json_path.write_text(json.dumps({"reference_rounds_per_s": reference,
                                          "runs": [r.__dict__ for r in runs],
+                                         "floors": [f.__dict__ for f in floors.values()],
                                          "d_scaling": [r.__dict__ for r in scaling]},
                                         indent=2))
+
+
+def messaging_floors(runs: list[Measured], cfg: RunConfig, insecure: bool) -> dict[int, Floor]:
+    """The messaging floor for each S that ran, with this model's gradient and each
+    S's aggregation as measured alone."""
+    data = load_dataset(cfg.dataset, seed=cfg.seed)
+    d = num_parameters(build_model(cfg.model, tuple(data.train_x.shape[1:]),
+                                   data.num_classes, 0))
+    floors = {}
+    compute_ms = isolated_costs(cfg, data, reps=50)[0]  # the same at every S
+    for shards in sorted({r.shards for r in runs}):
+        click.echo(f"measuring the messaging floor at S={shards} ...", err=True)
+        aggregation_ms = isolated_costs(replace(cfg, num_shards=shards), data, reps=50)[1]
+        floors[shards] = measure_floor(cfg.num_workers, shards, d, not insecure, compute_ms,
+                                       aggregation_ms)
+    return floors
+
+
+def _print_floor_table(runs: list[Measured], floors: dict[int, Floor],
+                       reference: float) -> None:
+    click.echo("\nthe messaging floor (scripts/bench_floor.py): the same n, d, CURVE and "
+               "message pattern, workers and servers only spinning for the gradient and "
+               "aggregation times measured alone")
+    click.echo("| run | rounds/s | floor rounds/s | / floor | floor CPU per round | "
+               "gradient / aggregation alone |")
+    click.echo("|---|---|---|---|---|---|")
+    for r in runs:
+        f = floors[r.shards]
+        click.echo(f"| {r.label} | {r.rounds_per_s:.1f} | {f.rounds_per_s:.1f} | "
+                   f"{r.rounds_per_s / f.rounds_per_s:.2f} | {f.cpu_ms_per_round:.0f} ms | "
+                   f"{f.compute_ms:.2f} / {f.aggregate_ms:.2f} ms |")
+    if 4 in floors:
+        click.echo(f"floor at S=4 / reference engine = "
+                   f"{floors[4].rounds_per_s / reference:.2f}")
+    if 4 in floors and 20 in floors:
+        click.echo(f"floor at S=20 / floor at S=4 = "
+                   f"{floors[20].rounds_per_s / floors[4].rounds_per_s:.2f}")
 
 
 def _print_table(runs: list[Measured], reference: float, digest: str, base: Measured) -> None:

@@ -64,6 +64,7 @@ class ShardState:
         self.round = 0
         self.grads = np.empty((cfg.num_workers, self.size), dtype=np.float32)
         self.received = np.zeros(cfg.num_workers, dtype=bool)
+        self.pushes = 0  # rows of the current round received so far (count of received)
         self.history: dict[int, np.ndarray] = {0: self.params}
         # round -> the workers it aggregated, for the rounds whose result is in history
         self.participation: dict[int, np.ndarray] = {}
@@ -91,6 +92,7 @@ class ShardState:
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.round = round_
         self.received[:] = False
+        self.pushes = 0
         self.history = {round_: self.params}
         if previous is not None and round_ > 0 and previous.size == self.size:
             self.history[round_ - 1] = np.array(previous, dtype=np.float32, copy=True)
@@ -106,12 +108,7 @@ class ShardState:
     @property
     def complete(self) -> bool:
         """All n gradient shards of the current round have arrived."""
-        return bool(self.received.all())
-
-    @property
-    def pushes(self) -> int:
-        """Gradient shards of the current round received so far."""
-        return int(np.count_nonzero(self.received))
+        return self.pushes == self.cfg.num_workers
 
     def rule_for(self, rows: int) -> Rule:
         """The rule for a round of ``rows`` pushed rows (n: the configured one), built for
@@ -200,12 +197,13 @@ class ShardState:
         else:
             self.grads[worker] = values
         self.received[worker] = True
+        self.pushes += 1
 
     def step(self) -> RoundMetrics:
         """Aggregate the round's rows (all n, or those in at its deadline) and apply
         x <- x - lr * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
         mask = self.received.copy()
-        rows = int(np.count_nonzero(mask))
+        rows = self.pushes
         pre = self.pre_for(rows)
         rule = self.rule_for(rows)
         started = time.perf_counter()
@@ -239,6 +237,7 @@ class ShardState:
         self.participation.pop(self.round - HISTORY_ROUNDS, None)
         self.round += 1
         self.received[:] = False
+        self.pushes = 0
         self.history[self.round] = self.params
         self.history.pop(self.round - HISTORY_ROUNDS, None)
         return metrics

@@ -60,12 +60,13 @@ from common.protocol import (
     Welcome,
     encode,
 )
-from common.transport import connect_dealer, receive
+from common.transport import connect_dealer, receive, send_frames
 
 log = logging.getLogger("ps.client")
 
 # Replies are awaited in slices of at most this long, so a stop request is seen.
 WAIT_SLICE_MS = 250
+NOBLOCK = int(zmq.NOBLOCK)
 # Times one request may be answered hello-first or wrong-round and resent.
 MAX_RESENDS = 3
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -127,7 +128,7 @@ class Link:
         handshake) would block; then the handshake is checked and, if it did not fail,
         the request is left to the timeout and resend."""
         try:
-            self.socket.send_multipart([b"", *frames], copy=False, flags=zmq.NOBLOCK)
+            send_frames(self.socket, [b"", *frames], NOBLOCK)
         except zmq.Again:
             self.check_handshake()
             log.debug("%s: no connection to send on yet; the timeout will resend",
