@@ -17,7 +17,8 @@ the activation (ReLU is the natural reading) nor the padding of the 64-channel c
 
 The parameter server works on the flat float32 vector x of all parameters, in
 ``model.parameters()`` order: :func:`flatten_parameters`, :func:`load_flat_parameters`,
-:func:`flatten_gradients`.
+:func:`flatten_gradients`, and :func:`share_flat_storage`, which makes the parameters and
+their gradients views of two such vectors (what a worker computes gradients with).
 """
 
 from __future__ import annotations
@@ -193,3 +194,24 @@ def flatten_gradients(model: nn.Module) -> torch.Tensor:
         for p in model.parameters()
     ]
     return torch.cat(parts)
+
+
+def share_flat_storage(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make every parameter, and its ``.grad``, a view into one flat float32 vector each
+    (the layout of :func:`flatten_parameters`); returns (parameters, gradients), the
+    gradients zero. Backward accumulates into the gradient views: zero them (``.zero_()``,
+    never ``zero_grad``, which would drop the views) before each gradient."""
+    import torch
+
+    d = num_parameters(model)
+    params = torch.empty(d, dtype=torch.float32)
+    grads = torch.zeros(d, dtype=torch.float32)
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            k = p.numel()
+            params[offset:offset + k].copy_(p.reshape(-1))
+            p.data = params[offset:offset + k].view(p.shape)
+            p.grad = grads[offset:offset + k].view(p.shape)
+            offset += k
+    return params, grads

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from common.config import RunConfig
 from common.data import Dataset, minibatch_indices, partition_indices
-from common.models import build_model
+from common.models import build_model, share_flat_storage
 from common.seeding import derive_int_seed
 
 
@@ -33,7 +33,9 @@ class GradientComputer:
         self.partitions = partition_indices(len(dataset.train_y), cfg.num_workers, cfg.seed)
         self.d = sum(p.numel() for p in self.model.parameters())
         self.uses_dropout = any(isinstance(m, torch.nn.Dropout) for m in self.model.modules())
-        self.flat_params, self.flat_grads = _flat_storage(self.model, self.d)
+        # x^t is loaded with one copy; backward accumulates into the flat gradient
+        self.flat_params, self.flat_grads = share_flat_storage(self.model)
+        self._params_view = self.flat_params.numpy()
 
     def gradient(self, x: np.ndarray, round_: int, worker: int,
                  relabel: Callable[[Any, int], Any] | None = None) -> tuple[np.ndarray, float]:
@@ -42,7 +44,7 @@ class GradientComputer:
         if x.dtype != np.float32 or x.shape != (self.d,):
             raise ValueError(f"parameters must be float32 of shape ({self.d},), got "
                              f"{x.dtype} {x.shape}")
-        self.flat_params.copy_(torch.from_numpy(x if x.flags.writeable else x.copy()))
+        self._params_view[:] = x
         self.model.train()
         self.flat_grads.zero_()
         idx = minibatch_indices(
@@ -65,20 +67,3 @@ class GradientComputer:
         loss.backward()
         return self.flat_grads.clone().numpy(), float(loss.detach())
 
-
-def _flat_storage(model: torch.nn.Module, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Make every parameter, and its ``.grad``, a view into one flat float32 vector each
-    (in ``model.parameters()`` order, as ``common.models`` flattens them): x^t is loaded
-    with one copy and backward accumulates into the flat gradient (zeroed before each
-    one), so no per-parameter copies or concatenation run per gradient."""
-    params = torch.empty(d, dtype=torch.float32)
-    grads = torch.zeros(d, dtype=torch.float32)
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            k = p.numel()
-            params[offset:offset + k].copy_(p.reshape(-1))
-            p.data = params[offset:offset + k].view(p.shape)
-            p.grad = grads[offset:offset + k].view(p.shape)
-            offset += k
-    return params, grads

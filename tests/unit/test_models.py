@@ -14,6 +14,7 @@ from common.models import (
     flatten_parameters,
     load_flat_parameters,
     num_parameters,
+    share_flat_storage,
 )
 
 MNIST_SHAPE = (1, 28, 28)
@@ -163,3 +164,16 @@ def test_build_model_rejects_bad_arguments() -> None:
         build_model("cnn", (1, 3, 3), 10, seed=0)
     with pytest.raises(ValueError, match="num_classes"):
         build_model("mlp", MNIST_SHAPE, 1, seed=0)
+
+
+def test_share_flat_storage_keeps_values_and_shares_memory() -> None:
+    model = build_model("mlp", MNIST_SHAPE, 10, seed=0)
+    before = flatten_parameters(model)
+    params, grads = share_flat_storage(model)
+    assert torch.equal(params, before) and torch.equal(grads, torch.zeros_like(grads))
+    params.fill_(2.0)  # the parameters are the flat vector: writing it loads them
+    assert all(p.eq(2.0).all() for p in model.parameters())
+    x = torch.randn(8, *MNIST_SHAPE, generator=torch.Generator().manual_seed(0))
+    nn.functional.cross_entropy(model(x), torch.arange(8) % 10).backward()
+    assert torch.equal(grads, flatten_gradients(model)) and grads.abs().sum() > 0
+
