@@ -55,6 +55,9 @@ RUN pip install --no-deps --no-build-isolation . \
 # Threads: one per process (many processes share few cores). Caches (numba's
 # machine code, the generated sorting-network kernels) in /tmp, writable whatever
 # uid the container runs as (compose: PS_UID); site-packages is read-only to it.
+# The generated compose file and swarm stack run every container with a read-only
+# root file system: /tmp is a tmpfs there, /runs the service's own directory and
+# the keys a read-only mount (docs/docker.md).
 ENV PS_TORCH_THREADS=1 \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common.attacks import ATTACKS, NO_ATTACK, Attack, VectorAttack, attack_class, attack_names
+from common.budgets import excerpt
 from common.data import dataset_names
 from common.errors import ConfigError
 from common.models import MODELS
@@ -158,17 +159,18 @@ class RunConfig:
     def differences(self, other: Mapping[Any, Any]) -> list[str]:
         """Human-readable ``name: ours != theirs`` for each setting that differs.
 
-        ``other`` comes from a peer: any key or value is compared as it is, never trusted.
+        ``other`` comes from a peer: only the names of this configuration's settings are
+        looked up (a peer's map of thousands of names costs no more than a right one),
+        each value compared as it is, never trusted; other names are counted.
         """
         ours = self.to_dict()
-        theirs = {k if isinstance(k, str) else repr(k): v for k, v in other.items()}
-        names = sorted(set(ours) | set(theirs))
         missing = "<missing>"
-        return [
-            f"{k}: {ours.get(k, missing)!r} != {theirs.get(k, missing)!r}"
-            for k in names
-            if ours.get(k, missing) != theirs.get(k, missing)
-        ]
+        out = [f"{k}: {ours[k]!r} != {excerpt(repr(other.get(k, missing)), 80)}"
+               for k in sorted(ours) if ours[k] != other.get(k, missing)]
+        unknown = len(other) - sum(k in other for k in ours)
+        if unknown:
+            out.append(f"{unknown} setting(s) this version does not know")
+        return out
 
 
 def _worker_attacks() -> tuple[str, ...]:

@@ -2,17 +2,22 @@
 
 A key directory holds, for each identity, ``<name>.key`` (the public key) and
 ``<name>.key_secret`` (public and secret key, readable by its owner only), as written by
-``zmq.auth.create_certificates``. The names say who holds the key and what it may do:
+``zmq.auth.create_certificates``. The name says who holds the key and its *scope*: what
+it may reach and send (:meth:`Identity.reaches`, checked by the servers' ZAP handler
+when a connection is made, and by ``server.sessions.check_claim`` for every message):
 
-* ``server-<s>``: the server of shard s (workers check they talk to this key);
-* ``worker-<i>``: worker i, which may push only as worker i;
-* ``evaluator``: may only PULL and ask STATUS;
-* ``proxy-<s>``: the man-in-the-middle test tool of shard s, a relay the server trusts
-  to speak for workers. A deployment never creates these: a proxy can corrupt values
-  only because the test gave it a key the servers accept (and the key of the server it
-  impersonates).
+* ``server-<s>``: the server of shard s (clients check they talk to this key);
+* ``worker-<i>``: worker i, at every shard; it may say HELLO and push only as worker i;
+* ``evaluator``: every shard; it may only PULL and ask STATUS;
+* ``proxy-<s>``: the man-in-the-middle test tool in front of shard s: admitted only by
+  the server of shard s, where it relays the sessions of the workers behind it. A
+  deployment never creates these: a proxy can corrupt values only because the test gave
+  it a key the server of its shard accepts (and the key of the server it impersonates).
 
-``ps-keys`` writes a directory; every role reads the keys it needs with :class:`KeyRing`.
+``ps-keys`` writes a directory (secret files created mode 0600, never wider); every role
+reads the keys it needs with :class:`KeyRing`, which refuses a key directory that
+others may write and a secret file that others may read. :func:`needed_keys` says which
+files a process of each identity loads (what a deployment hands it, and nothing else).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +36,8 @@ from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER, setting
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 CLIENT_ROLES = ("worker", "evaluator", "proxy")
-_NAME = re.compile(r"^(server|worker|proxy)-(\d+)$|^(evaluator)$")
+# canonical names only: ASCII digits without leading zeros (one name per identity)
+_NAME = re.compile(r"(server|worker|proxy)-(0|[1-9][0-9]{0,8})|(evaluator)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -48,12 +55,19 @@ class Identity:
     @functools.lru_cache(maxsize=1024)  # parsed for every message a server receives
     def parse(cls, name: str) -> Identity | None:
         """The identity a key file's name stands for, or None for a foreign name."""
-        match = _NAME.match(name)
+        match = _NAME.fullmatch(name) if isinstance(name, str) else None
         if match is None:
             return None
         if match.group(3):
             return cls("evaluator")
         return cls(match.group(1), int(match.group(2)))
+
+    def reaches(self, shard: int) -> bool:
+        """Whether this client key may connect to the server of ``shard``: a worker or
+        the evaluator at every shard, a proxy only at the shard it fronts."""
+        if self.role in ("worker", "evaluator"):
+            return True
+        return self.role == "proxy" and self.index == shard
 
 
 def key_names(num_shards: int, num_workers: int, proxies: Iterable[int] = ()) -> list[str]:
@@ -65,27 +79,79 @@ def key_names(num_shards: int, num_workers: int, proxies: Iterable[int] = ()) ->
     return names
 
 
+def needed_keys(name: str, num_shards: int, num_workers: int,
+                proxies: Iterable[int] = ()) -> list[str]:
+    """The key files a process speaking as ``name`` loads, and nothing more: its own
+    secret file, then the public keys it checks its peers against.
+
+    * ``server-<s>``: the public keys of the clients it admits (every worker, the
+      evaluator, and ``proxy-<s>`` if shard s has a proxy);
+    * ``worker-<i>``, ``evaluator``: the servers' public keys;
+    * ``proxy-<s>``: also ``server-<s>``'s key pair (it impersonates that server to the
+      workers) and the workers' public keys (the clients it admits).
+    """
+    identity = Identity.parse(name)
+    if identity is None:
+        raise ConfigError(f"no identity is called {name!r}")
+    proxied = set(proxies)
+    workers = [f"worker-{i}{PUBLIC_SUFFIX}" for i in range(num_workers)]
+    servers = [f"server-{s}{PUBLIC_SUFFIX}" for s in range(num_shards)]
+    own = [name + SECRET_SUFFIX]
+    if identity.role == "server":
+        proxy = [f"proxy-{identity.index}{PUBLIC_SUFFIX}"] if identity.index in proxied else []
+        return [*own, *workers, f"evaluator{PUBLIC_SUFFIX}", *proxy]
+    if identity.role == "proxy":
+        server = f"server-{identity.index}"
+        return [*own, server + SECRET_SUFFIX, server + PUBLIC_SUFFIX, *workers]
+    return [*own, *servers]
+
+
 def create_keys(directory: Path, num_shards: int, num_workers: int,
                 proxies: Iterable[int] = (), force: bool = False) -> list[str]:
     """Write a key pair for every identity of a run into ``directory``; their names.
 
     Refuses (``ConfigError``) to overwrite existing keys unless ``force``: replacing the
-    keys of a running cluster locks its members out. Secret files are mode 0600 and a
-    directory created here is mode 0700.
+    keys of a running cluster locks its members out. Every file is created under a
+    umask of 077, so a secret is never readable by others, not even for a moment; the
+    public files are then made world-readable (0644). A directory created here is mode
+    0700.
     """
+    names = key_names(num_shards, num_workers, proxies)
+    previous = os.umask(0o077)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_directory(directory)
+        _write_pairs(directory, names, force)
+    finally:
+        os.umask(previous)
+    for name in names:
+        os.chmod(directory / (name + PUBLIC_SUFFIX), 0o644)
+    return names
+
+
+def _write_pairs(directory: Path, names: list[str], force: bool) -> None:
+    """Write the key pair of each name (``ConfigError`` if some exist, unless ``force``)."""
     import zmq.auth
 
-    names = key_names(num_shards, num_workers, proxies)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     existing = [n for n in names if (directory / (n + PUBLIC_SUFFIX)).exists()
                 or (directory / (n + SECRET_SUFFIX)).exists()]
     if existing and not force:
         raise ConfigError(f"{directory} already holds keys ({', '.join(existing[:3])}"
                           f"{', ...' if len(existing) > 3 else ''}); --force replaces them")
     for name in names:
-        _, secret_file = zmq.auth.create_certificates(str(directory), name)
-        os.chmod(secret_file, 0o600)
-    return names
+        for suffix in (PUBLIC_SUFFIX, SECRET_SUFFIX):  # replaced, never rewritten in place
+            (directory / (name + suffix)).unlink(missing_ok=True)
+        zmq.auth.create_certificates(str(directory), name)
+
+
+def _check_directory(directory: Path) -> None:
+    """``ConfigError`` if others than its owner may write ``directory`` (they could add
+    or replace a key that the run then admits)."""
+    mode = directory.stat().st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"key directory {directory} is writable by its group or by anyone "
+                          f"(mode {stat.S_IMODE(mode):04o}): anyone who can add a key there "
+                          f"joins the run; chmod go-w it")
 
 
 @dataclass(frozen=True)
@@ -138,6 +204,7 @@ class KeyRing:
         if not directory.is_dir():
             raise ConfigError(f"key directory {directory} does not exist (create it with "
                               f"ps-keys, or run with --insecure)")
+        _check_directory(directory)
         self.directory = directory
 
     def public(self, name: str) -> bytes:
@@ -145,26 +212,40 @@ class KeyRing:
         return self._load(name, PUBLIC_SUFFIX)[0]
 
     def pair(self, name: str) -> tuple[bytes, bytes]:
-        """(public, secret) of ``name``; ``ConfigError`` if its secret file is missing."""
+        """(public, secret) of ``name``; ``ConfigError`` if its secret file is missing or
+        others than its owner may read it (as ssh refuses such a private key)."""
+        path = self.directory / (name + SECRET_SUFFIX)
+        if path.is_file() and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"secret key {path} is accessible to its group or to anyone "
+                              f"(mode {stat.S_IMODE(path.stat().st_mode):04o}); chmod 600 it")
         public, secret = self._load(name, SECRET_SUFFIX)
         if secret is None:
             raise ConfigError(f"{self.directory / (name + SECRET_SUFFIX)} holds no secret key")
         return public, secret
 
     def server_curve(self, shard: int) -> CurveServer:
-        """What the server of ``shard`` (or a proxy impersonating it) binds with."""
-        return CurveServer(*self.pair(f"server-{shard}"), self.clients())
+        """What the server of ``shard`` binds with: its key pair, and the client keys
+        whose scope includes the shard (workers, the evaluator, ``proxy-<shard>``)."""
+        return CurveServer(*self.pair(f"server-{shard}"), self.clients(shard))
+
+    def front_curve(self, shard: int) -> CurveServer:
+        """What a proxy impersonating the server of ``shard`` binds with: that server's
+        key pair, admitting the workers only (the evaluator reads the real servers)."""
+        workers = {k: i for k, i in self.clients(shard).items() if i.role == "worker"}
+        return CurveServer(*self.pair(f"server-{shard}"), workers)
 
     def client_curve(self, name: str, shard: int) -> CurveClient:
         """What ``name`` connects to the server of ``shard`` with."""
         return CurveClient(*self.pair(name), self.public(f"server-{shard}"))
 
-    def clients(self) -> dict[bytes, Identity]:
-        """Every client identity (worker, evaluator, proxy) by its public key."""
+    def clients(self, shard: int) -> dict[bytes, Identity]:
+        """The client identities (workers, evaluator, proxies) of the directory whose
+        scope includes ``shard``, by public key."""
         found: dict[bytes, Identity] = {}
         for path in sorted(self.directory.glob("*" + PUBLIC_SUFFIX)):
             identity = Identity.parse(path.name[: -len(PUBLIC_SUFFIX)])
-            if identity is not None and identity.role in CLIENT_ROLES:
+            if (identity is not None and identity.role in CLIENT_ROLES
+                    and identity.reaches(shard)):
                 found[self.public(identity.name)] = identity
         return found
 

@@ -1,6 +1,8 @@
 """Start-up and shutdown of every role's process: one policy for all of them.
 
-* Logging: human-readable lines on stderr, tagged with the process's name.
+* Logging: human-readable lines on stderr, tagged with the process's name; with
+  ``--log-file`` to that file instead, rotated at ``--log-max-mb`` (two older files
+  kept), so no peer can fill a disk through a node's log.
 * Threads: a role that computes with torch pins it to ``--torch-threads`` (default 1:
   many processes share few cores, and the bit-exact check needs the same reductions
   everywhere); torch is imported only by those roles.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import logging.handlers
 import resource
 import signal
 import sys
@@ -57,6 +60,12 @@ class ProcessOptions:
         "the bit-exact check needs the same value everywhere).",
         roles=(SERVER, WORKER, EVALUATOR, CLUSTER, SIMULATE), minimum=1)
     verbose: bool = setting(False, "Debug logging.", short="-v", roles=ROLES)
+    log_file: Path | None = setting(
+        None, "Write log lines to this file instead of stderr, rotated at --log-max-mb "
+        "(FILE.1 and FILE.2 keep the two before; ps-cluster: logs/<process>.log).",
+        roles=ROLES)
+    log_max_mb: float = setting(20.0, "Size (MB) at which --log-file is rotated.", roles=ROLES,
+                                minimum=0.01)
 
 
 def check_stop() -> None:
@@ -70,13 +79,25 @@ def request_stop(*_: object) -> None:
     _stop.set()
 
 
-def setup_logging(name: str, verbose: bool = False) -> None:
-    """Human-readable log lines on stderr, tagged with the process name."""
+LOG_BACKUPS = 2
+
+
+def setup_logging(name: str, verbose: bool = False, log_file: Path | None = None,
+                  max_mb: float = 20.0) -> None:
+    """Human-readable log lines tagged with the process name: on stderr, or in
+    ``log_file`` rotated at ``max_mb`` MB (``LOG_BACKUPS`` older files kept)."""
+    handler: logging.Handler
+    if log_file is None:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=int(max_mb * 1e6), backupCount=LOG_BACKUPS, encoding="utf-8")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s {name} %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
-        stream=sys.stderr,
+        handlers=[handler],
         force=True,
     )
 
@@ -141,7 +162,7 @@ def pin_torch_threads(threads: int) -> None:
 def run_process(name: str, options: ProcessOptions, main: Callable[[], None],
                 uses_torch: bool = False) -> None:
     """Run a role's ``main`` under the common policy and exit with its code."""
-    setup_logging(name, options.verbose)
+    setup_logging(name, options.verbose, options.log_file, options.log_max_mb)
     _stop.clear()
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_OK

@@ -18,7 +18,8 @@ from the message. ``split_envelope``/``join_envelope`` handle that part.
 
 Every decoder raises ``ProtocolError`` (never anything else) for malformed
 input: unknown op, wrong version, missing or mistyped fields, payload length
-not matching the header, oversize data.
+not matching the header, oversize data, a header over ``MAX_HEADER_BYTES`` or holding a
+string, map or array longer than its bound (checked by msgpack as it decodes).
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ ITEM_BYTES = 4
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ELEMENTS = 1 << 28
+# Bounds of what a header may hold, checked while msgpack decodes it (so a peer's
+# 7,000-entry map costs nothing): the longest string is an ERROR's message (2,000
+# characters), the largest map a HELLO's settings or a STATUS reply's counters, the
+# longest array a STATUS reply's list of the workers that pushed.
+MAX_HEADER_STRING = 4096
+MAX_HEADER_MAP = 64
+MAX_HEADER_ARRAY = 1 << 16
+_UNPACK_LIMITS = {"max_str_len": MAX_HEADER_STRING, "max_bin_len": 0,
+                  "max_array_len": MAX_HEADER_ARRAY, "max_map_len": MAX_HEADER_MAP,
+                  "max_ext_len": 0}
 # Largest single inbound frame a socket accepts (zmq.MAXMSGSIZE): a chunk or a header.
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES)
 
@@ -242,7 +253,7 @@ def decode(frames: Sequence[Any]) -> Message:
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises many types for garbage
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
     if not isinstance(body, dict):

@@ -12,14 +12,24 @@
   message (libzmq itself assembles a whole multipart message before delivering it; each
   frame is bounded by ``MAXMSGSIZE``, a larger one disconnects the peer);
 * security: with keys a ROUTER is a CURVE server whose ZAP handler admits only the
-  run's client keys and labels each connection with the key's identity (``User-Id``),
-  which :func:`receive` reports; a DEALER is a CURVE client that checks the server's
-  key. Without keys (``--insecure``) both speak plain ZMTP.
+  node's client keys (by scope, ``common.keys``), each within its budget
+  (``common/admission.py``: not barred, a few connections, a handshake rate), and labels
+  each connection with the key's identity (``User-Id``), which :func:`receive` reports;
+  ZAP is enforced (no handler: no connection). A DEALER is a CURVE client that checks
+  the server's key. Without keys (``--insecure``) both speak plain ZMTP;
+* a :class:`Listener` is a bound ROUTER with all of that, plus the in-flight guard
+  (``common/inflight.py``) that cuts a connection holding more than a few legal messages'
+  worth of an unfinished one, and the bars of keys that broke a hard limit.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
+import threading
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,7 +40,10 @@ import numpy as np
 import zmq
 from zmq.utils import z85
 
+from common.admission import Admission
+from common.budgets import LogThrottle
 from common.errors import ConfigError
+from common.inflight import InflightGuard, hold_limit, wire_bytes
 from common.keys import CurveClient, CurveServer, Identity
 from common.protocol import (
     MAX_FRAME_BYTES,
@@ -51,10 +64,18 @@ from common.protocol import (
 # it pays off only for large frames.
 ZERO_COPY_MIN_BYTES = 1 << 20
 LINGER_MS = 1000
+# Complete messages a ROUTER queues per connection before it stops reading from it (TCP
+# back-pressure): with the in-flight guard this bounds what one connection can make a
+# node hold. A worker has one request out per server; a proxy relays n, which wait in
+# the kernel's buffers a moment longer.
+RECEIVE_HWM = 4
+# Replies a ROUTER queues per connection for a peer that does not read them (beyond, it
+# drops them): a proxy's one connection carries the replies of all n workers behind it.
+SEND_HWM_MIN = 16
 # A legal envelope has one routing id per hop (worker -> proxy -> server: 2); ZeroMQ
 # generates 5-byte ids and allows at most 255 bytes.
 MAX_ENVELOPE_DEPTH = 4
-ZAP_DOMAIN = "ps"
+ZAP_DOMAIN = "ps"  # each bound ROUTER gets its own domain: ps-1, ps-2, ...
 MAX_ROUTING_ID_BYTES = 255
 # libzmq applies MAXMSGSIZE to a frame as it arrives, before CURVE decrypts it: the
 # MESSAGE command wraps each frame in its name, flags, nonce and MAC (33 bytes), so a
@@ -65,6 +86,8 @@ INBOUND_FRAME_LIMIT = MAX_FRAME_BYTES + CURVE_FRAME_OVERHEAD
 
 Peer = tuple[bytes, ...]
 """A peer as a node sees it: its routing envelope, hashable."""
+
+log = logging.getLogger("ps.transport")
 
 
 @dataclass
@@ -77,6 +100,8 @@ class Incoming:
     frames: list[Any]
     size: int
     identity: Identity | None = None  # the CURVE key that sent it (None: no keys in use)
+    fd: int = -1  # the descriptor of the connection it came on (zmq.SRCFD)
+    wire: int = 0  # bytes its frames took on the wire, kept or not (``wire_bytes``)
 
     @cached_property
     def peer(self) -> Peer:
@@ -105,18 +130,23 @@ def write_ready_file(path: Path | None, endpoint: str) -> None:
     os.replace(tmp, path)
 
 
-def bind_router(ctx: zmq.Context, endpoint: str,
-                curve: CurveServer | None = None) -> tuple[zmq.Socket, str]:
+def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveServer | None = None,
+                admission: Admission | None = None) -> tuple[zmq.Socket, str]:
     """A configured ROUTER bound to ``endpoint``, and the endpoint it got (``tcp://h:*``);
-    a CURVE server admitting ``curve.clients`` when ``curve`` is given."""
+    a CURVE server admitting ``curve.clients`` when ``curve`` is given, by the rules of
+    ``admission`` (default: those clients, with the default budgets).
+
+    A routing id never moves from one connection to another (no ``ROUTER_HANDOVER``: a
+    peer guessing another's id cannot take over its replies)."""
     sock = configure(ctx.socket(zmq.ROUTER))
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     if curve is not None:
-        _admit(ctx, curve.clients)
+        domain = _gate(ctx).register(admission or Admission(curve.clients))
         sock.curve_secretkey = curve.secret
         sock.curve_publickey = curve.public
         sock.curve_server = True
-        sock.zap_domain = ZAP_DOMAIN.encode()
+        sock.zap_domain = domain.encode()
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler: no connection
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
@@ -147,14 +177,17 @@ def receive(sock: zmq.Socket, max_bytes: int | None = None,
 
     A message of more than ``max_bytes`` is read to its end but not kept (only its
     envelope, to answer). ``authenticated``: the socket is a CURVE server, whose
-    messages carry the identity of the key that sent them.
+    messages carry the identity of the key that sent them (a message without one is
+    refused, ``forbidden``).
     """
     frames: list[Any] = []
-    size = 0
+    size = wire = 0
     too_large = False
     while True:
         frame = sock.recv(copy=False)
-        size += len(frame)
+        length = len(frame)
+        size += length
+        wire += wire_bytes(length, authenticated)
         if max_bytes is not None and size > max_bytes and not too_large:
             too_large = True
             frames = _envelope_part(frames)
@@ -162,26 +195,40 @@ def receive(sock: zmq.Socket, max_bytes: int | None = None,
             frames.append(frame)
         if not frame.more:
             break
-    identity = Identity.parse(frames[0].get("User-Id")) if authenticated and frames else None
+    fd = frames[0].get(zmq.SRCFD) if frames else -1
+    identity = None
+    if authenticated and frames:
+        identity = _identity(frames[0])
+        if identity is None:  # a CURVE server's messages always name their key
+            error = ProtocolError("no authenticated key", ErrorCode.FORBIDDEN)
+            return Incoming(frames[:1], None, error, frames, size, None, fd, wire)
     if too_large:
         error = ProtocolError(f"message of more than {max_bytes} bytes, larger than any "
                               f"legal message here", ErrorCode.TOO_LARGE)
-        return Incoming(frames, None, error, frames, size, identity)
+        return Incoming(frames, None, error, frames, size, identity, fd, wire)
     try:
         envelope, body = split_envelope(frames)
     except ProtocolError as exc:
         # without a delimiter the reply route is unknown: the first frame is the
         # peer's identity on a ROUTER, so answer there if there is one
-        return Incoming(list(frames[:1]), None, exc, list(frames), size, identity)
+        return Incoming(list(frames[:1]), None, exc, list(frames), size, identity, fd, wire)
     if len(envelope) > MAX_ENVELOPE_DEPTH or any(len(f) > MAX_ROUTING_ID_BYTES
                                                  for f in envelope):
         error = ProtocolError(f"routing envelope of {len(envelope)} frames (at most "
                               f"{MAX_ENVELOPE_DEPTH} of {MAX_ROUTING_ID_BYTES} bytes)")
-        return Incoming(envelope[:1], None, error, list(frames), size, identity)
+        return Incoming(envelope[:1], None, error, list(frames), size, identity, fd, wire)
     try:
-        return Incoming(envelope, decode(body), None, list(frames), size, identity)
+        return Incoming(envelope, decode(body), None, list(frames), size, identity, fd, wire)
     except ProtocolError as exc:
-        return Incoming(envelope, None, exc, list(frames), size, identity)
+        return Incoming(envelope, None, exc, list(frames), size, identity, fd, wire)
+
+
+def _identity(frame: zmq.Frame) -> Identity | None:
+    """The identity of the key that sent ``frame`` (its ``User-Id``); None if absent."""
+    try:
+        return Identity.parse(frame.get("User-Id"))
+    except zmq.ZMQError:
+        return None
 
 
 def _envelope_part(frames: list[Any]) -> list[Any]:
@@ -209,38 +256,123 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
         sock.send(frame, flags | _MORE if i < last else flags, copy=False)
 
 
-class _KeyAuthenticator:
-    """The ZAP handler of a context: admits the run's client keys, names them."""
+class _Gate:
+    """The ZAP handler of a context: one domain per bound ROUTER, each with its
+    :class:`Admission`; refused handshakes are logged at most once per key and
+    interval."""
+
+    _domains = itertools.count(1)
 
     def __init__(self, ctx: zmq.Context) -> None:
         from zmq.auth.thread import ThreadAuthenticator
 
-        clients: dict[bytes, Identity] = {}
-        self.clients = clients
+        self.admissions: dict[str, Admission] = {}
+        self.names: dict[bytes, str] = {}
+        self.throttle = LogThrottle()
+        gate = self
 
         class Named(ThreadAuthenticator):
             def curve_user_id(self, client_public_key: bytes) -> str:
-                return clients[z85.encode(client_public_key)].name
-
-        class Provider:
-            @staticmethod
-            def callback(domain: str, key: bytes) -> bool:
-                return key in clients
+                return gate.names[z85.encode(client_public_key)]
 
         self.thread = Named(ctx)
         self.thread.start()
-        self.thread.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=Provider())
+
+    def register(self, admission: Admission) -> str:
+        """A new ZAP domain whose handshakes ``admission`` decides."""
+        domain = f"{ZAP_DOMAIN}-{next(self._domains)}"
+        self.admissions[domain] = admission
+        self.names.update({k: i.name for k, i in admission.clients.items()})
+        self.thread.configure_curve_callback(domain=domain, credentials_provider=self)
+        return domain
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """(In the ZAP thread.) Admit the handshake of ``key`` at ``domain``?"""
+        admission = self.admissions.get(domain)
+        if admission is None:
+            return False
+        decision = admission.admit(key, time.monotonic())
+        if not decision.admitted:
+            who = decision.identity.name if decision.identity else "an unknown key"
+            held = self.throttle.admit(who, time.monotonic())
+            if held is not None:
+                log.warning("refused a connection of %s: %s%s", who, decision.reason,
+                            f" ({held} more refused since the last line)" if held else "")
+        return decision.admitted
 
 
-_authenticators: dict[int, _KeyAuthenticator] = {}
+_gates: dict[int, _Gate] = {}
+_gates_lock = threading.Lock()
 
 
-def _admit(ctx: zmq.Context, clients: dict[bytes, Identity]) -> None:
-    """Start ``ctx``'s ZAP handler if needed and admit ``clients`` to it."""
-    auth = _authenticators.get(id(ctx))
-    if auth is None:
-        auth = _authenticators[id(ctx)] = _KeyAuthenticator(ctx)
-    auth.clients.update(clients)
+def _gate(ctx: zmq.Context) -> _Gate:
+    """``ctx``'s ZAP handler, started on first use."""
+    with _gates_lock:
+        gate = _gates.get(id(ctx))
+        if gate is None:
+            gate = _gates[id(ctx)] = _Gate(ctx)
+        return gate
+
+
+class Listener:
+    """A bound ROUTER and its guards: the ZAP handler's :class:`Admission` (with keys),
+    the in-flight guard, and the bars of keys that broke a hard limit.
+
+    ``largest`` is the largest legal message here: a larger one is read to its end and
+    refused (``too-large``), and a connection may hold at most a few of them before its
+    messages are delivered (``common/inflight.py``). Offences the guard saw (a connection
+    cut for an over-long message) wait in :meth:`offences` for the node's loop. Replies
+    queued for a connection whose peer does not read them are bounded by ``SNDHWM``:
+    ``SEND_HWM_MIN`` plus two per peer that may share the connection
+    (``peers_per_connection``: n at a server, whose proxy relays all the workers).
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveServer | None,
+                 largest: int, peers_per_connection: int = 1) -> None:
+        self.admission = Admission(curve.clients) if curve is not None else None
+        self.sock, self.endpoint = bind_router(ctx, endpoint, curve, self.admission)
+        self.sock.setsockopt(zmq.SNDHWM, SEND_HWM_MIN + 2 * peers_per_connection)
+        self.largest = largest
+        self._offences: deque[tuple[Identity | None, str]] = deque()
+        admission = self.admission
+        self.guard = InflightGuard(
+            self.sock, hold_limit(largest, RECEIVE_HWM, INBOUND_FRAME_LIMIT),
+            on_offence=lambda identity, why: self._offences.append((identity, why)),
+            on_attach=admission.attach if admission else None,
+            on_detach=admission.detach if admission else None)
+
+    def receive(self) -> Incoming:
+        """The next message (see :func:`receive`), accounted to its connection."""
+        curve = self.admission is not None
+        incoming = receive(self.sock, self.largest, authenticated=curve)
+        # the routing id frame is the ROUTER's own, never on the wire
+        routing_id = wire_bytes(len(incoming.frames[0]), curve) if incoming.frames else 0
+        self.guard.delivered(incoming.fd, incoming.identity, incoming.wire - routing_id)
+        return incoming
+
+    def send(self, envelope: Sequence[Any], header: Header,
+             tensor: np.ndarray | None = None) -> None:
+        send(self.sock, envelope, header, tensor)
+
+    def offences(self) -> list[tuple[Identity | None, str]]:
+        """The connections the guard cut since the last call: (key or None, why)."""
+        out = []
+        while self._offences:
+            out.append(self._offences.popleft())
+        return out
+
+    def bar(self, identity: Identity, reason: str) -> bool:
+        """Refuse ``identity``'s handshakes from now on and cut its connections; whether
+        it was not barred before."""
+        if self.admission is None:
+            return False
+        newly = self.admission.bar(identity, reason)
+        self.guard.cut_all(identity)
+        return newly
+
+    def close(self, linger_ms: int = LINGER_MS) -> None:
+        self.guard.close()
+        self.sock.close(linger=linger_ms)
 
 
 def shut_down(ctx: zmq.Context, linger_ms: int = LINGER_MS) -> None:
@@ -248,7 +380,8 @@ def shut_down(ctx: zmq.Context, linger_ms: int = LINGER_MS) -> None:
     still queued for a peer (the last round's replies) goes out within ``linger_ms``
     instead of dying with the process (``os._exit`` or a quick interpreter exit would
     drop it)."""
-    auth = _authenticators.pop(id(ctx), None)
-    if auth is not None:
-        auth.thread.stop()
+    with _gates_lock:
+        gate = _gates.pop(id(ctx), None)
+    if gate is not None:
+        gate.thread.stop()
     ctx.destroy(linger=linger_ms)

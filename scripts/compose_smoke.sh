@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # Compose smoke test: build the image, start the docker-compose cluster of
 # docker-compose.yml (4 servers, a gambler proxy in front of server 0, the
-# workers, the evaluator), wait for the run to finish, and check on the host:
-#   * every container exited 0;
+# workers, the evaluator), wait for the run to finish, and check:
+#   * inside every node's running container: /keys holds exactly the key files its
+#     identity loads (common.keys.needed_keys) and cannot be written; the root file
+#     system cannot be written; /runs (its own directory) can; no other writable
+#     mount than /runs, /tmp and Docker's own; and the engine applied the memory,
+#     pids, read-only and log-rotation settings to every container;
+#   * every container exited 0, none was OOM-killed;
 #   * the evaluator reached the last round with top-1 >= PS_SMOKE_MIN_TOP1
 #     (default 0.5; chance is 0.1) under the attack;
 #   * each proxy corrupted values (corrupted_values summed over its rounds > 0);
 #   * every server wrote all its rounds and its final shard (checkpoint);
 #   * worker-1, whose process is killed (kill -9) a third into the run, was restarted
 #     by its restart policy and the run still finished.
+# It prints each service's peak memory (its cgroup's high-water mark, and the largest
+# sampled anonymous + tmpfs memory) and processes against the limits it was given.
 # Everything is torn down on exit, failure and Ctrl-C included; on failure the
 # containers' states and log tails are printed. Exit 0 only when all checks pass.
 #
@@ -80,7 +87,7 @@ finish() {
       "${compose[@]}" ps -a >&2 || true
       echo "--- container logs (last 30 lines each) ---" >&2
       "${compose[@]}" logs --no-color --tail=30 >&2 || true
-      echo "(full logs: $PS_RUNS_DIR/logs/)" >&2
+      echo "(full logs: ${compose[*]} logs SERVICE, before the tear-down)" >&2
     fi
     "${compose[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 \
       || say "warning: docker-compose down failed"
@@ -97,7 +104,58 @@ started=1
 timeout 300 "${compose[@]}" up -d --no-build >&2
 say "cluster up in $(elapsed "$t_run") s; waiting for the run to finish (deadline ${run_timeout_s} s)"
 
-# --- 6. wait: poll the containers' states, never a fixed sleep -----------------------
+# --- 6. what each container can read and write, and what the engine applied ----------
+# per node service: the key files its identity loads (from the compose file's topology)
+mapfile -t wanted < <(python3 - <<'PY'
+from common.keys import needed_keys
+from ps.deploy.compose import ARGS_MARK, ROOT, deployment, read_env, recorded_options
+from ps.deploy.compose import service_environments
+
+options = recorded_options(ROOT / "docker-compose.yml", ARGS_MARK)
+dep = deployment(read_env(ROOT / options["env_file"]), options)
+for name in service_environments(dep):
+    files = needed_keys(name, dep.cfg.num_shards, dep.cfg.num_workers, dep.attack.proxy_shards)
+    print(name, *sorted(files))
+PY
+)
+[ "${#wanted[@]}" -gt 0 ] || fail "could not list the services' key files"
+# shellcheck disable=SC2016  # expanded in the container
+inside='
+  held="$(ls -A /keys | LC_ALL=C sort | tr "\n" " ")"
+  [ "$held" = "$1" ] || echo "/keys holds [$held], its identity loads [$1]"
+  for f in /keys/*; do [ -r "$f" ] || echo "cannot read $f"; done
+  if touch /keys/.probe 2>/dev/null; then rm -f /keys/.probe; echo "/keys is writable"; fi
+  if touch /.probe 2>/dev/null; then rm -f /.probe; echo "the root file system is writable"; fi
+  if touch /runs/.probe 2>/dev/null; then rm -f /runs/.probe; else echo "/runs is not writable"; fi
+  awk "\$6 ~ /^rw/ {print \$5}" /proc/self/mountinfo | while read -r m; do
+    case "$m" in
+      /runs | /tmp | /dev | /dev/* | /proc | /proc/* | /sys/fs/cgroup) ;;  # its own
+      /etc/hosts | /etc/hostname | /etc/resolv.conf) ;;  # its own, written by Docker
+      *) echo "writable mount $m" ;;
+    esac
+  done'
+t_checks=$(date +%s)
+for line in "${wanted[@]}"; do
+  read -r svc files <<<"$line"
+  id="$("${compose[@]}" ps -q "$svc")"
+  [ -n "$id" ] && [ "$(docker inspect -f '{{.State.Running}}' "$id")" = true ] \
+    || fail "$svc is not running a few seconds into the run"
+  problems="$(docker exec "$id" sh -c "$inside" sh "$files " 2>&1)" \
+    || fail "$svc: docker exec failed: $problems"
+  [ -z "$problems" ] || fail "$svc: $(tr '\n' ';' <<<"$problems")"
+done
+say "every node's container: /keys read-only with exactly its identity's ${#wanted[@]} key" \
+  "sets, read-only root, /runs its own (${#wanted[@]} containers checked in" \
+  "$(elapsed "$t_checks") s)"
+mapfile -t ids < <("${compose[@]}" ps -a -q)
+applied="$(docker inspect -f '{{index .Config.Labels "com.docker.compose.service"}} {{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.LogConfig.Type}} {{index .HostConfig.LogConfig.Config "max-size"}} {{index .HostConfig.LogConfig.Config "max-file"}}' "${ids[@]}" | sort)"
+bad="$(awk '!($2 > 0 && $3 > 0 && $4 == "true" && $5 == "json-file" && $6 != "" && $7 != "")' \
+  <<<"$applied")"
+[ -z "$bad" ] || fail "limits, read-only root or log rotation not applied: $bad"
+declare -A limit_of
+while read -r svc memory pids _; do limit_of[$svc]="$memory:$pids"; done <<<"$applied"
+
+# --- 7. wait: poll the containers' states, never a fixed sleep -----------------------
 progress() {  # "round R" (+ " top-1 A") from the last line of a metrics file, or "-"
   local line
   line="$(tail -n 1 "$1" 2>/dev/null \
@@ -109,13 +167,19 @@ progress_round() {  # the last round number of a metrics file, 0 if none
   r="$(tail -n 1 "$1" 2>/dev/null | sed -n 's/.*"round": *\([0-9]*\).*/\1/p')"
   echo "${r:-0}"
 }
+server0="$PS_RUNS_DIR/server-0/server-0.jsonl"
 deadline=$((t_run + run_timeout_s))
 next_report=$(($(date +%s) + 15))
 killed=0
 while :; do
   mapfile -t ids < <("${compose[@]}" ps -a -q)
   [ "${#ids[@]}" -gt 0 ] || { echo "FAILED compose smoke: no containers" >&2; exit 1; }
-  states="$(docker inspect -f '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} {{.HostConfig.RestartPolicy.MaximumRetryCount}} {{.HostConfig.RestartPolicy.Name}}' "${ids[@]}")"
+  states="$(docker inspect -f '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} {{.HostConfig.RestartPolicy.MaximumRetryCount}} {{.HostConfig.RestartPolicy.Name}} {{.State.Pid}} {{index .Config.Labels "com.docker.compose.service"}} {{.State.OOMKilled}} {{.Id}}' "${ids[@]}")"
+  while read -r _ state _ _ _ _ pid svc _ id; do
+    [ "$state" = running ] && sample_usage "$svc" "$pid" "$id"
+  done <<<"$states"
+  oom="$(awk '$9 == "true" {print $8}' <<<"$states")"
+  [ -z "$oom" ] || fail "OOM-killed: $(tr '\n' ' ' <<<"$oom")"
   # exited non-zero for good: no restart policy, or its restarts used up
   failed="$(awk '$2 == "exited" && $3 != 0 && ($6 == "no" || $4 >= $5) {print substr($1, 2) " (exit " $3 ")"}' <<<"$states")"
   if [ -n "$failed" ]; then
@@ -124,10 +188,10 @@ while :; do
   fi
   running="$(awk '$2 != "exited" || ($3 != 0 && $6 != "no" && $4 < $5)' <<<"$states" | wc -l)"
   [ "$running" = 0 ] && break
-  if [ "$killed" = 0 ] && [ "$(progress_round "$PS_RUNS_DIR/server-0.jsonl")" -ge $((rounds / 3)) ]; then
+  if [ "$killed" = 0 ] && [ "$(progress_round "$server0")" -ge $((rounds / 3)) ]; then
     victim="$("${compose[@]}" ps -q worker-1)"
     pid="$(docker inspect -f '{{.State.Pid}}' "$victim")"
-    say "killing worker-1 (host pid $pid) at round $(progress_round "$PS_RUNS_DIR/server-0.jsonl")"
+    say "killing worker-1 (host pid $pid) at round $(progress_round "$server0")"
     kill -9 "$pid"
     killed=1
   fi
@@ -138,8 +202,9 @@ while :; do
     exit 1
   fi
   if [ "$now" -ge "$next_report" ]; then
-    say "$(elapsed "$t_run") s: server-0 $(progress "$PS_RUNS_DIR/server-0.jsonl") of $rounds;" \
-      "evaluator $(progress "$PS_RUNS_DIR/evaluator.jsonl"); $running containers running"
+    say "$(elapsed "$t_run") s: server-0 $(progress "$server0") of $rounds;" \
+      "evaluator $(progress "$PS_RUNS_DIR/evaluator/evaluator.jsonl");" \
+      "$running containers running"
     next_report=$((now + 15))
   fi
   sleep 2
@@ -149,8 +214,11 @@ run_s=$(elapsed "$t_run")
 restarts="$(docker inspect -f '{{.RestartCount}}' "$("${compose[@]}" ps -q worker-1)")"
 [ "$restarts" -ge 1 ] || { echo "FAILED compose smoke: worker-1 was not restarted" >&2; exit 1; }
 say "worker-1 was killed and restarted ($restarts restart(s)); the run finished"
+echo "peak usage per container (sampled every 2 s from its cgroup) against its limits:"
+usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
+  echo "$svc=${limit_of[$svc]}"; done)
 
-# --- 7. check the metrics on the host ----------------------------------------------
+# --- 8. check the metrics on the host ----------------------------------------------
 result="$(python3 - "$PS_RUNS_DIR" "$env_file" "$min_top1" <<'PY'
 import glob
 import json
@@ -168,10 +236,10 @@ rounds, shards = int(env["PS_ROUNDS"]), int(env["PS_SHARDS"])
 attack = env.get("PS_PROXY_ATTACK", "none")
 
 
-def records(name):
-    path = os.path.join(runs, name)
+def records(name):  # <service>.jsonl, in the service's own directory <runs>/<service>/
+    path = os.path.join(runs, name.removesuffix(".jsonl"), name)
     if not os.path.exists(path):
-        sys.exit(f"{name} is missing in {runs}")
+        sys.exit(f"{name} is missing in {os.path.dirname(path)}")
     return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
 
 
@@ -184,7 +252,7 @@ if final.get("round") != rounds:
 if not (math.isfinite(top1) and top1 >= min_top1):
     problems.append(f"final top-1 {top1} < {min_top1} (chance is 0.1)")
 
-proxies = sorted(glob.glob(os.path.join(runs, "proxy-*.jsonl")))
+proxies = sorted(glob.glob(os.path.join(runs, "proxy-*", "proxy-*.jsonl")))
 corrupted = {}
 for path in proxies:
     name = os.path.basename(path)
@@ -200,8 +268,8 @@ for s in range(shards):
         problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
     elif not server[-1].get("params_finite", False):
         problems.append(f"server {s}: parameters not finite after the last round")
-    if not os.path.exists(os.path.join(runs, f"shard-{s}.npz")):
-        problems.append(f"the final checkpoint shard-{s}.npz is missing")
+    if not os.path.exists(os.path.join(runs, f"server-{s}", f"shard-{s}.npz")):
+        problems.append(f"the final checkpoint server-{s}/shard-{s}.npz is missing")
 
 curve = " ".join(f"{r['round']}:{r['top1']:.3f}" for r in evaluations)
 print(f"top-1 by round: {curve}")

@@ -64,3 +64,63 @@ build_image() {
   say "image $PS_IMAGE built in ${build_s} s ($(docker image inspect -f '{{.Size}}' \
     "$PS_IMAGE" | awk '{printf "%.0f MB", $1 / 1e6}'))"
 }
+
+# --- what each container used: sampled from its cgroup on every poll ----------------
+# mem_peak[svc]: the cgroup's own high-water mark of charged memory (page cache included:
+# memory.max_usage_in_bytes, cgroup v1; memory.peak, v2); anon_peak[svc]: the largest
+# sampled anonymous + tmpfs memory (what the kernel cannot reclaim: what an OOM kill is
+# about); pids_peak[svc]: the most processes and threads seen; restarts reset nothing.
+declare -A mem_peak anon_peak pids_peak
+
+_cgroup_dir() {  # controller pid container-id -> the container's cgroup directory for
+  # the controller (v1), or its v2 directory; nothing unless the path names the container
+  # (a pid of a container that just exited may already be another process's)
+  local rel
+  rel="$(awk -F: -v c="$1" '$2 == c {print $3; exit}' "/proc/$2/cgroup" 2>/dev/null)"
+  if [[ "$rel" == *"$3"* ]] && [ -d "/sys/fs/cgroup/$1$rel" ]; then
+    echo "/sys/fs/cgroup/$1$rel"
+    return
+  fi
+  rel="$(awk -F: '$1 == 0 {print $3; exit}' "/proc/$2/cgroup" 2>/dev/null)"
+  if [[ "$rel" == *"$3"* ]] && [ -d "/sys/fs/cgroup$rel" ]; then echo "/sys/fs/cgroup$rel"; fi
+}
+
+_max_into() {  # array key value: array[key] = max(array[key], value)
+  local -n into=$1
+  [ -n "$3" ] && [ "$3" -gt "${into[$2]:-0}" ] && into[$2]=$3
+  return 0
+}
+
+# sample_usage SERVICE PID CONTAINER-ID: fold the container's current figures into the peaks
+sample_usage() {
+  local svc=$1 pid=$2 id=$3 dir value
+  [ -n "$pid" ] && [ "$pid" != 0 ] && [ -n "$id" ] || return 0
+  dir="$(_cgroup_dir memory "$pid" "$id")"
+  if [ -n "$dir" ]; then
+    for f in memory.max_usage_in_bytes memory.peak memory.current; do
+      value="$(cat "$dir/$f" 2>/dev/null)" && { _max_into mem_peak "$svc" "$value"; break; }
+    done
+    value="$(awk '$1 == "total_rss" || $1 == "total_shmem" || $1 == "anon" || $1 == "shmem" \
+      {s += $2} END {printf "%.0f\n", s}' "$dir/memory.stat" 2>/dev/null)"
+    _max_into anon_peak "$svc" "$value"
+  fi
+  dir="$(_cgroup_dir pids "$pid" "$id")"
+  if [ -n "$dir" ]; then
+    value="$(cat "$dir/pids.current" 2>/dev/null)" && _max_into pids_peak "$svc" "$value"
+  fi
+  return 0
+}
+
+# usage_table SERVICE=LIMIT_BYTES:PIDS_LIMIT ...: the peaks against the limits
+usage_table() {
+  local entry svc limit pids
+  printf '%-11s %10s %14s %18s %11s\n' service "limit MiB" "peak MiB (all)" \
+    "peak MiB (anon+tmp)" "pids peak/limit"
+  for entry in "$@"; do
+    svc="${entry%%=*}"; limit="${entry#*=}"; pids="${limit#*:}"; limit="${limit%%:*}"
+    printf '%-11s %10d %14s %18s %11s\n' "$svc" $((limit >> 20)) \
+      "$([ -n "${mem_peak[$svc]:-}" ] && echo $((mem_peak[$svc] >> 20)) || echo -)" \
+      "$([ -n "${anon_peak[$svc]:-}" ] && echo $((anon_peak[$svc] >> 20)) || echo -)" \
+      "${pids_peak[$svc]:--}/$pids"
+  done
+}

@@ -9,12 +9,15 @@
 #
 # Run it on a manager node. The stack file names the key files it needs (its
 # `secrets:` section) and the ps-keys arguments that write them (its header); each
-# file becomes the secret <prefix>-<file>, e.g. byzps-server-0.key_secret. Fresh keys
-# are written by `ps-keys` (on the PATH, else inside $PS_IMAGE, without network) into
-# a private temporary directory that is deleted once the secrets exist: afterwards the
-# secret keys live only in the swarm's encrypted store and in the tmpfs of the
-# containers that mount them. A run needs new secrets: remove the old ones first
-# (secrets are immutable, and a stack that still uses one keeps it from removal).
+# file becomes the secret <prefix>-<file>, e.g. byzps-server-0.key_secret. Which
+# service mounts which secret is the stack file's business: each service exactly the
+# files its process loads (common.keys.needed_keys), so worker-<i>.key_secret goes to
+# the service worker-<i> alone (docs/deploy.md). Fresh keys are written by `ps-keys`
+# (on the PATH, else inside $PS_IMAGE: no network, read-only root, no capabilities)
+# into a private temporary directory that is deleted once the secrets exist:
+# afterwards the secret keys live only in the swarm's encrypted store and in the tmpfs
+# of the containers that mount them. A run needs new secrets: remove the old ones
+# first (secrets are immutable, and a stack that still uses one keeps it from removal).
 #
 # Environment: PS_SECRET_PREFIX (byzps; the same variable docker/stack.yml reads at
 # `docker stack deploy`), PS_STACK_FILE (docker/stack.yml), PS_IMAGE (byzps:latest).
@@ -65,8 +68,9 @@ create() {
     if command -v ps-keys >/dev/null 2>&1; then
       ps-keys --dir "$keys_dir" $keys_args >&2
     else
-      docker run --rm --network none --user "$(id -u):$(id -g)" -v "$tmp:/out" "$image" \
-        ps-keys --dir /out/keys $keys_args >&2 \
+      docker run --rm --network none --read-only --cap-drop ALL \
+        --security-opt no-new-privileges:true --user "$(id -u):$(id -g)" -v "$tmp:/out" \
+        "$image" ps-keys --dir /out/keys $keys_args >&2 \
         || die "ps-keys failed in $image (build it first: docker build -t $image .)"
     fi
   fi

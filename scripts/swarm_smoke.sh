@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Swarm smoke test: deploy docker/stack.yml (4 servers, a gambler proxy in front of
-# server 0, one worker service of n replicas, the evaluator: docker/cluster.env) as a
-# Docker Swarm stack on this machine, and check:
+# server 0, one service per worker, the evaluator: docker/cluster.env) as a Docker
+# Swarm stack on this machine, and check:
 #   * the keys arrive as secrets: each service's /run/secrets/keys holds exactly the
-#     key files the stack gives it, and no environment holds key material;
+#     key files the stack gives it (a worker: its own secret key, no other), and no
+#     environment holds key material; the root file system is read-only and /runs (the
+#     service's own volume) writable; the engine applied the memory and pids limits,
+#     the read-only root and the log rotation to every container;
 #   * the evaluator reached the last round with top-1 >= PS_SMOKE_MIN_TOP1 (default
 #     0.5; chance is 0.1) under the attack, and the proxy corrupted values;
 #   * every server wrote all its rounds with finite parameters and its final shard;
-#   * the worker replicas took the ids 0..n-1 from their task slots (worker-<i>.jsonl);
-#   * the container of worker slot 2 (worker id 1), killed (docker kill) a third into
-#     the run, was replaced by swarm (a new task in the same slot) and the run finished;
+#   * each worker service wrote worker-<i>.jsonl in its own volume, ids 0..n-1;
+#   * the container of worker-1, killed (docker kill) a third into the run, was
+#     replaced by swarm (a new task of the service) and the run finished;
 #   * every task ended complete (exit 0) and none was restarted after it finished.
-# Everything it made is removed on exit, failure and Ctrl-C included (stack, its
-# containers, network and volume, the secrets; the swarm itself when this script
+# It prints each service's peak memory and processes against its limits, as the compose
+# smoke does. Everything it made is removed on exit, failure and Ctrl-C included (stack,
+# its containers, network and volumes, the secrets; the swarm itself when this script
 # initialised it, with the docker_gwbridge network it created); the image stays, as
 # with the compose smoke. On failure the tasks and the services' log tails are printed.
 #
@@ -37,7 +41,7 @@ run_timeout_s="${PS_SMOKE_TIMEOUT:-900}"
 min_top1="${PS_SMOKE_MIN_TOP1:-0.5}"
 env_file="docker/cluster.env"
 stack_file="docker/stack.yml"
-volume="${stack}_runs"
+volume_prefix="${stack}_runs-"  # <stack>_runs-<service>: each service's own volume
 max_attempts="$(sed -n 's/.*max_attempts: \([0-9]*\).*/\1/p' "$stack_file" | head -n 1)"
 SMOKE="swarm smoke" SMOKE_SKIP_VAR=PS_SWARM_ALLOW_SKIP
 # shellcheck source=scripts/smoke_lib.sh
@@ -72,8 +76,9 @@ esac
 if docker stack ls --format '{{.Name}}' 2>/dev/null | grep -qx "$stack"; then
   fail "a stack named $stack is deployed already (PS_SWARM_STACK names another)"
 fi
-docker volume inspect "$volume" >/dev/null 2>&1 \
-  && fail "the volume $volume exists already (its checkpoints would be resumed): remove it"
+stack_volumes() { docker volume ls -q --filter "name=$volume_prefix" | grep "^$volume_prefix" || true; }
+[ -z "$(stack_volumes)" ] \
+  || fail "volumes ${volume_prefix}* exist already (their checkpoints would be resumed): remove them"
 if [ "$swarm_state" = active ] && [ -n "$(PS_SECRET_PREFIX="$PS_SECRET_PREFIX" \
     bash scripts/swarm_secrets.sh ls)" ]; then
   fail "secrets $PS_SECRET_PREFIX-* exist already (PS_SECRET_PREFIX names others)"
@@ -82,6 +87,7 @@ fi
 # --- 5. always clean up ------------------------------------------------------------
 deployed=0
 secrets=0
+links=""
 finish() {
   local rc=$?
   trap - EXIT INT TERM
@@ -102,7 +108,9 @@ finish() {
       [ "$(date +%s)" -lt "$until" ] || { say "warning: $stack not gone after 90 s"; break; }
       sleep 1
     done
-    docker volume rm "$volume" >/dev/null 2>&1 || say "warning: could not remove $volume"
+    # shellcheck disable=SC2046  # one volume name per word
+    docker volume rm $(stack_volumes) >/dev/null 2>&1 || say "warning: could not remove the volumes"
+    [ -z "$links" ] || rm -rf "$links"
   fi
   if [ "$secrets" = 1 ]; then
     bash scripts/swarm_secrets.sh rm >/dev/null 2>&1 || say "warning: could not remove secrets"
@@ -153,25 +161,67 @@ replicas() {  # service desired-replicas
   docker service ls --filter "label=com.docker.stack.namespace=$stack" \
     --format '{{.Name}} {{.Replicas}}' | sed -e "s/^${stack}_//" -e 's#[0-9]*/\([0-9]*\).*#\1#'
 }
-volume_dir=""
-metrics() {  # path of a metrics file in the stack's volume (single node: its mountpoint)
-  [ -n "$volume_dir" ] || volume_dir="$(docker volume inspect -f '{{.Mountpoint}}' "$volume" \
-    2>/dev/null || true)"
-  echo "${volume_dir:-/nonexistent}/$1"
+# each service's volume, by service name, in one directory of links (single node: every
+# volume is local), laid out as a compose runs directory: <links>/<service>/<file>
+links="$(mktemp -d /tmp/byzps-swarm-runs.XXXXXX)"
+link_volumes() {
+  local v
+  for v in $(stack_volumes); do
+    [ -e "$links/${v#"$volume_prefix"}" ] \
+      || ln -s "$(docker volume inspect -f '{{.Mountpoint}}' "$v")" "$links/${v#"$volume_prefix"}"
+  done
 }
+metrics() { echo "$links/${1%.jsonl}/$1"; }  # a service's metrics file, in its own volume
 progress_round() {  # the last round of a metrics file, 0 if none
   local r
   r="$(tail -n 1 "$(metrics "$1")" 2>/dev/null | sed -n 's/.*"round": *\([0-9]*\).*/\1/p')"
   echo "${r:-0}"
 }
+# what each service's container holds and may write (run in it as its user)
+# shellcheck disable=SC2016  # expanded in the container
+inside='
+  cd /run/secrets/keys || exit 1
+  held="$(ls -A | LC_ALL=C sort | tr "\n" " ")"
+  [ "$held" = "$1" ] || echo "/run/secrets/keys holds [$held], the stack gives [$1]"
+  env_now="$(tr "\0" "\n" </proc/1/environ)"
+  for f in *; do
+    case "$f" in *.key_secret) want="400 1000";; *) want="444 1000";; esac
+    [ "$(stat -L -c "%a %u" "$f")" = "$want" ] || echo "$f: mode/owner $(stat -L -c "%a %u" "$f")"
+    keys="$(sed -n "s/.*-key = \"\(.*\)\"/\1/p" "$f")"
+    [ -n "$keys" ] || echo "$f: no key in it"
+    set -f
+    for k in $keys; do
+      case "$env_now" in *"$k"*) echo "$f: its key is in the environment";; esac
+    done
+    set +f
+  done
+  if touch /.probe 2>/dev/null; then rm -f /.probe; echo "the root file system is writable"; fi
+  if touch /runs/.probe 2>/dev/null; then rm -f /runs/.probe; else echo "/runs is not writable"; fi'
+check_container() {  # service container-id
+  local given problems secrets
+  given="$(docker service inspect --format '{{range .Spec.TaskTemplate.ContainerSpec.Secrets}}{{.File.Name}}{{"\n"}}{{end}}' \
+    "${stack}_$1" | sed 's#.*/##' | grep . | LC_ALL=C sort | tr '\n' ' ')"
+  problems="$(docker exec "$2" sh -c "$inside" sh "$given" 2>&1)" \
+    || fail "$1: docker exec failed: $problems"
+  [ -z "$problems" ] || fail "$1: $(tr '\n' ';' <<<"$problems")"
+  secrets="$(tr ' ' '\n' <<<"$given" | grep -c 'key_secret$')"
+  case "$1" in
+    proxy-*) [ "$secrets" = 2 ] || fail "$1 holds $secrets secret key files, not 2" ;;
+    *) [ "$secrets" = 1 ] && [[ " $given" == *" $1.key_secret "* ]] \
+         || fail "$1 holds secret keys [$given], not its own alone" ;;
+  esac
+  say "$1: /run/secrets/keys holds exactly its $(wc -w <<<"$given") key files ($secrets secret" \
+    "key(s); modes checked, none in the environment), read-only root, /runs writable"
+}
 expected_slots="$(replicas | awk '{s += $2} END {print s + 0}')"
 deadline=$((t_run + run_timeout_s))
 next_report=$(($(date +%s) + 15))
 killed_task=""
-checked_secrets=0
+checked=""
+declare -A limit_of
 while :; do
   table="$(tasks)"
-  # per slot: its latest task's state and how many tasks it had
+  # per service and slot: its latest task's state and how many tasks it had
   latest="$(awk '{n[$1" "$2]++; s[$1" "$2]=$3} END {for (k in s) print k, s[k], n[k]}' \
     <<<"$table")"
   gone="$(awk -v max="$max_attempts" '($3 == "failed" || $3 == "rejected" || $3 == "orphaned") \
@@ -179,47 +229,35 @@ while :; do
   [ -z "$gone" ] || fail "task(s) failed for good: $(tr '\n' ' ' <<<"$gone")"
   complete="$(awk '$3 == "complete"' <<<"$latest" | wc -l)"
   [ "$complete" = "$expected_slots" ] && break
-  if [ "$checked_secrets" = 0 ]; then
-    # once server-0 and a worker run: what each container holds under /run/secrets/keys
-    srv="$(awk '$1 == "server-0" && $3 == "running" {print $6}' <<<"$table" | tail -n 1)"
-    wrk="$(awk '$1 == "worker" && $3 == "running" {print $6}' <<<"$table" | tail -n 1)"
-    if [ -n "$srv" ] && [ -n "$wrk" ] && [ "$srv" != - ] && [ "$wrk" != - ]; then
-      for pair in "server-0 $srv" "worker $wrk"; do
-        read -r svc container <<<"$pair"
-        given="$(docker service inspect --format '{{range .Spec.TaskTemplate.ContainerSpec.Secrets}}{{.File.Name}}{{"\n"}}{{end}}' \
-          "${stack}_$svc" | sed 's#.*/##' | grep . | sort | tr '\n' ' ')"
-        held="$(docker exec "$container" sh -c 'ls /run/secrets/keys' | sort | tr '\n' ' ')"
-        [ "$held" = "$given" ] || fail "$svc holds /run/secrets/keys: $held; the stack gives: $given"
-        # secret files 0400, public ones 0444, owned by the image's user; and no key of
-        # them in the process's environment
-        problems="$(docker exec "$container" sh -c '
-          cd /run/secrets/keys; env_now="$(tr "\0" "\n" </proc/1/environ)"
-          for f in *; do
-            case "$f" in *.key_secret) want="400 1000";; *) want="444 1000";; esac
-            [ "$(stat -L -c "%a %u" "$f")" = "$want" ] || echo "$f: mode/owner $(stat -L -c "%a %u" "$f")"
-            keys="$(sed -n "s/.*-key = \"\(.*\)\"/\1/p" "$f")"
-            [ -n "$keys" ] || echo "$f: no key in it"
-            set -f
-            for k in $keys; do
-              case "$env_now" in *"$k"*) echo "$f: its key is in the environment";; esac
-            done
-            set +f
-          done')"
-        [ -z "$problems" ] || fail "$svc: $problems"
-        say "$svc: /run/secrets/keys holds exactly its $(wc -w <<<"$held") key files" \
-          "(modes checked, none in the environment)"
-      done
-      secret_files="$(docker exec "$srv" sh -c 'ls /run/secrets/keys' | grep -c 'key_secret$')"
-      [ "$secret_files" = 1 ] || fail "server-0 holds $secret_files secret key files, not 1"
-      checked_secrets=1
-    fi
+  link_volumes
+  # every running container: its limits as applied, its usage sampled from its cgroup
+  mapfile -t running_ids < <(awk '$3 == "running" && $6 != "-" {print $6}' <<<"$table")
+  if [ "${#running_ids[@]}" -gt 0 ]; then
+    while read -r svc pid id memory pids ro log size files oom; do
+      svc="${svc#"${stack}"_}"
+      [ "$oom" = false ] || fail "$svc was OOM-killed"
+      [ "$memory" -gt 0 ] && [ "$pids" -gt 0 ] && [ "$ro" = true ] && [ "$log" = json-file ] \
+        && [ -n "$size" ] && [ -n "$files" ] \
+        || fail "$svc: limits, read-only root or log rotation not applied:" \
+          "$memory $pids $ro $log $size $files"
+      limit_of[$svc]="$memory:$pids"
+      sample_usage "$svc" "$pid" "$id"
+    done < <(docker inspect -f '{{index .Config.Labels "com.docker.swarm.service.name"}} {{.State.Pid}} {{.Id}} {{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.LogConfig.Type}} {{index .HostConfig.LogConfig.Config "max-size"}} {{index .HostConfig.LogConfig.Config "max-file"}} {{.State.OOMKilled}}' \
+      "${running_ids[@]}" 2>/dev/null || true)
   fi
+  # once server-0, proxy-0 and worker-1 run: what each container holds
+  for svc in server-0 proxy-0 worker-1 evaluator; do
+    [[ " $checked " == *" $svc "* ]] && continue
+    container="$(awk -v s="$svc" '$1 == s && $3 == "running" {print $6}' <<<"$table" | tail -n 1)"
+    [ -n "$container" ] && [ "$container" != - ] || continue
+    check_container "$svc" "$container"
+    checked="$checked $svc"
+  done
   if [ -z "$killed_task" ] && [ "$(progress_round server-0.jsonl)" -ge $((rounds / 3)) ]; then
-    read -r killed_task container < <(awk '$1 == "worker" && $2 == 2 && $3 == "running" \
+    read -r killed_task container < <(awk '$1 == "worker-1" && $3 == "running" \
       {print $5, $6}' <<<"$table" | tail -n 1) || true
     if [ -n "$killed_task" ]; then
-      say "killing worker slot 2 (worker id 1, task ${killed_task:0:12}) at round" \
-        "$(progress_round server-0.jsonl)"
+      say "killing worker-1 (task ${killed_task:0:12}) at round $(progress_round server-0.jsonl)"
       docker kill "$container" >/dev/null
     fi
   fi
@@ -236,22 +274,28 @@ while :; do
   sleep 2
 done
 run_s=$(elapsed "$t_run")
-[ "$checked_secrets" = 1 ] || fail "the run ended before the secrets could be checked"
+link_volumes
+for svc in server-0 proxy-0 worker-1 evaluator; do
+  [[ " $checked " == *" $svc "* ]] || fail "the run ended before $svc's container was checked"
+done
 [ -n "$killed_task" ] || fail "the run ended before a worker was killed"
-slot2="$(awk '$1 == "worker" && $2 == 2' <<<"$table")"
-killed_state="$(awk -v id="$killed_task" '$5 == id {print $3 " (exit " $7 ")"}' <<<"$slot2")"
-if [ "$(wc -l <<<"$slot2")" -lt 2 ] || [ "$(tail -n 1 <<<"$slot2" | awk '{print $3}')" != complete ]
+victim="$(awk '$1 == "worker-1"' <<<"$table")"
+killed_state="$(awk -v id="$killed_task" '$5 == id {print $3 " (exit " $7 ")"}' <<<"$victim")"
+if [ "$(wc -l <<<"$victim")" -lt 2 ] || [ "$(tail -n 1 <<<"$victim" | awk '{print $3}')" != complete ]
 then
-  fail "worker slot 2 was not replaced after the kill: $slot2"
+  fail "worker-1 was not replaced after the kill: $victim"
 fi
-say "worker slot 2: killed task $killed_state, replaced by swarm" \
-  "($(($(wc -l <<<"$slot2") - 1)) new task(s)), the last one complete; the run finished"
+say "worker-1: killed task $killed_state, replaced by swarm" \
+  "($(($(wc -l <<<"$victim") - 1)) new task(s)), the last one complete; the run finished"
 others="$(awk -v id="$killed_task" '$5 != id && $3 != "complete" {print $1 "." $2 " " $3}' \
   <<<"$table")"
 [ -z "$others" ] || fail "tasks other than the killed one did not complete: $others"
+echo "peak usage per container (sampled every 2 s from its cgroup) against its limits:"
+usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
+  echo "$svc=${limit_of[$svc]}"; done)
 
-# --- 8. check the metrics in the volume ----------------------------------------------
-result="$(python3 - "$(dirname "$(metrics x)")" "$env_file" "$min_top1" "$workers" <<'PY'
+# --- 8. check the metrics in the volumes ---------------------------------------------
+result="$(python3 - "$links" "$env_file" "$min_top1" "$workers" <<'PY'
 import glob
 import json
 import math
@@ -268,10 +312,10 @@ rounds, shards = int(env["PS_ROUNDS"]), int(env["PS_SHARDS"])
 attack = env.get("PS_PROXY_ATTACK", "none")
 
 
-def records(name):
-    path = os.path.join(runs, name)
+def records(name):  # <service>.jsonl, in the service's own volume
+    path = os.path.join(runs, name.removesuffix(".jsonl"), name)
     if not os.path.exists(path):
-        sys.exit(f"{name} is missing in the volume")
+        sys.exit(f"{name} is missing in its service's volume")
     return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
 
 
@@ -284,7 +328,7 @@ if final.get("round") != rounds:
 if not (math.isfinite(top1) and top1 >= min_top1):
     problems.append(f"final top-1 {top1} < {min_top1} (chance is 0.1)")
 corrupted = {os.path.basename(p): sum(r.get("corrupted_values", 0) for r in records(os.path.basename(p)))
-             for p in sorted(glob.glob(os.path.join(runs, "proxy-*.jsonl")))}
+             for p in sorted(glob.glob(os.path.join(runs, "proxy-*", "proxy-*.jsonl")))}
 if attack != "none":
     if not corrupted:
         problems.append("no proxy-*.jsonl: did the proxy run?")
@@ -295,12 +339,13 @@ for s in range(shards):
         problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
     elif not server[-1].get("params_finite", False):
         problems.append(f"server {s}: parameters not finite after the last round")
-    if not os.path.exists(os.path.join(runs, f"shard-{s}.npz")):
-        problems.append(f"the final checkpoint shard-{s}.npz is missing")
+    if not os.path.exists(os.path.join(runs, f"server-{s}", f"shard-{s}.npz")):
+        problems.append(f"the final checkpoint server-{s}/shard-{s}.npz is missing")
 ids = sorted(int(os.path.basename(p)[len("worker-"):-len(".jsonl")])
-             for p in glob.glob(os.path.join(runs, "worker-*.jsonl")))
+             for p in glob.glob(os.path.join(runs, "worker-*", "worker-*.jsonl"))
+             if os.path.basename(os.path.dirname(p)) + ".jsonl" == os.path.basename(p))
 if ids != list(range(workers)):
-    problems.append(f"worker metrics for ids {ids}, expected 0..{workers - 1} (one per slot)")
+    problems.append(f"worker metrics for ids {ids}, expected 0..{workers - 1} (one per service)")
 print("top-1 by round: " + " ".join(f"{r['round']}:{r['top1']:.3f}" for r in evaluations))
 print(f"rule {env.get('PS_RULE')} q={env.get('PS_Q')}, n={workers} S={shards}, {rounds} rounds, "
       f"proxy attack {attack} (p={env.get('PS_GAMBLER_P')}): final top-1 {top1:.4f} "

@@ -9,6 +9,17 @@ decides:
   ``--round-timeout`` a round closes that long after its first push with the pushes
   that are in, if at least the quorum K (else it waits for the K-th and logs why once);
   a push that comes after its round closed is answered ``stale-round``;
+* who is absent: a worker a round closed without (dead, barred, or a straggler) is
+  absent, and later rounds close as soon as every present worker has pushed (with the
+  quorum), so a worker that is gone costs one deadline, not one per round; a worker
+  that pushes or says HELLO again is present again;
+* the bars: a key that sent a message larger than any legal one (here, or over-long
+  in flight: the node's in-flight guard) is barred for the rest of the run: its
+  messages are dropped, the ``on_bar`` callback (the node's listener) refuses its
+  handshakes and cuts its connections, and its worker is absent;
+* per-peer budgets (``common/budgets.py``): refusals beyond a rate per key are dropped
+  without reply (counted ``unanswered``); refusals, HELLOs and internal errors are
+  logged at most once per key and interval, with the text a peer controls cut short;
 * the HELLO check of the run settings, and the sessions it opens: who may push as which
   worker (``server/sessions.py``), checked against the CURVE key of each message;
 * PULLs and ``pull_next`` pushes parked until their round exists: at most one per peer
@@ -29,14 +40,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.budgets import PeerPolicy, principal_of
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.keys import Identity
 from common.metrics import JsonlWriter
 from common.protocol import (
     Ack,
@@ -93,6 +106,7 @@ class ServerCore:
         initial: np.ndarray,
         metrics: JsonlWriter | None = None,
         save: Callable[[Checkpoint], None] | None = None,
+        on_bar: Callable[[Identity, str], object] | None = None,
     ) -> None:
         start, stop = shard_ranges(initial.size, cfg.num_shards)[options.shard]
         self.cfg = cfg
@@ -112,6 +126,8 @@ class ServerCore:
         self.quorum = options.rows_needed(cfg)
         self.round_opened: float | None = None  # when the current round's first push came
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
+        self.absent = np.zeros(cfg.num_workers, dtype=bool)
+        self.peers = PeerPolicy(self.counters, log, on_bar)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -154,10 +170,11 @@ class ServerCore:
         its last round is done."""
         if self.state.finished and self.finished_at is None:
             self.finished_at = now
-        if not self._may_close(now):
+        closing = self._closing(now)
+        if closing is None:
             return []
         try:
-            return self._finish_round(now)
+            return self._finish_round(now, closing)
         except Exception:  # the rule raised: the round stays open, tried again later
             self.counters[ErrorCode.INTERNAL.value] += 1
             log.exception("closing round %d failed", self.state.round)
@@ -170,40 +187,50 @@ class ServerCore:
             return None
         return self.round_opened + timeout
 
-    def _may_close(self, now: float) -> bool:
-        """The round is complete, or past its deadline with a quorum the rule can take."""
+    def _closing(self, now: float) -> str | None:
+        """Why the round may close now: ``all`` n pushes are in; every ``present`` worker
+        is in, with the quorum; or it is past its ``deadline`` with the quorum. None: it
+        may not yet."""
         state = self.state
         if state.complete:
-            return True
+            return "all"
+        if (state.pushes >= self.quorum and self.absent.any()
+                and bool(np.all(state.received | self.absent))):
+            return "present"
         deadline = self.deadline()
         if deadline is None or now < deadline:
-            return False
+            return None
         if state.pushes >= self.quorum:
-            return True
+            return "deadline"
         if self.waiting_logged != state.round:
             self.waiting_logged = state.round
             log.warning("round %d is past its deadline with %d pushes; waiting for the "
                         "quorum of %d", state.round, state.pushes, self.quorum)
-        return False
+        return None
 
     # -- messages ----------------------------------------------------------------
 
     def handle(self, incoming: Incoming, now: float) -> list[Reply]:
         """The replies to one received message (never raises for what a peer sent)."""
         self.bytes_in += incoming.size
+        identity = incoming.identity
+        if self.peers.drops(identity):
+            return []
         envelope = incoming.envelope
+        principal = principal_of(incoming)
         if incoming.message is None:
             code = incoming.error.code if incoming.error else ErrorCode.MALFORMED
-            self.counters[code.value] += 1
-            log.warning("refused a message: %s", incoming.error)
-            if not envelope:
+            if code is ErrorCode.TOO_LARGE and identity is not None:
+                self.counters[code.value] += 1
+                self.bar(identity, f"sent a message of {incoming.size:,} bytes, larger than "
+                         "any legal one")
                 return []
-            return [self._error(envelope, code, str(incoming.error))]
+            return self._refuse(principal, envelope, code, str(incoming.error), now)
         header = incoming.message.header
         try:
-            check_claim(incoming.identity, header)
+            check_claim(identity, header, len(envelope), self.state.shard)
             if isinstance(header, Hello):
-                return self._on_hello(envelope, incoming.peer, header, incoming)
+                return self._on_hello(envelope, incoming.peer, header, incoming, principal, now)
             if isinstance(header, Pull):
                 self.sessions.require(incoming.peer)
                 return self._on_pull(envelope, incoming.peer, header)
@@ -214,16 +241,36 @@ class ServerCore:
                 return [Reply(envelope, self.status())]
             raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
         except Refused as exc:
-            self.counters[exc.code.value] += 1
-            log.debug("refused %s: %s", type(header).__name__, exc)
-            return [self._error(envelope, exc.code, str(exc))]
+            return self._refuse(principal, envelope, exc.code, str(exc), now)
         except Exception as exc:  # a bug must not end the node: answer, count, log
-            self.counters[ErrorCode.INTERNAL.value] += 1
-            log.exception("internal error handling %s", type(header).__name__)
-            return [self._error(envelope, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")]
+            if self.peers.loggable("internal", principal, now) is not None:
+                log.exception("internal error handling %s", type(header).__name__)
+            return self._refuse(principal, envelope, ErrorCode.INTERNAL,
+                                f"{type(exc).__name__}: {exc}", now, logged=True)
 
-    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello,
-                  incoming: Incoming) -> list[Reply]:
+    def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, text: str,
+                now: float, logged: bool = False) -> list[Reply]:
+        """Count, log and answer a refusal within the peer's budgets (``PeerPolicy``)."""
+        if self.peers.refuse(principal, code.value, text, now, logged) and envelope:
+            return [self._error(envelope, code, text)]
+        return []
+
+    def offence(self, identity: Identity | None, reason: str, now: float) -> None:
+        """The node's in-flight guard cut a connection of ``identity``: bar it (None: no
+        message named its key; counted and logged)."""
+        if identity is None:
+            self.peers.cut(reason, now)
+        else:
+            self.bar(identity, reason)
+
+    def bar(self, identity: Identity, reason: str) -> None:
+        """Bar ``identity`` for the rest of the run (see the module docstring)."""
+        if (self.peers.bar(identity, reason) and identity.role == "worker"
+                and 0 <= identity.index < self.cfg.num_workers):
+            self.absent[identity.index] = True
+
+    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello, incoming: Incoming,
+                  principal: Hashable, now: float) -> list[Reply]:
         if hello.role not in ROLES:
             raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
         if hello.config_hash != self.cfg.config_hash:
@@ -255,7 +302,12 @@ class ServerCore:
             self.readers_waiting.add(peer)
         for gone in self.sessions.open(peer, session):
             self._forget(gone)
-        log.info("hello from %s %d", hello.role, hello.worker)
+        if hello.role == "worker":
+            self.absent[hello.worker] = False
+        held = self.peers.loggable("hello", principal, now)
+        if held is not None:
+            log.info("hello from %s %d%s", hello.role, hello.worker,
+                     f" ({held} more since the last line)" if held else "")
         welcome = Welcome(shard=self.state.shard, num_shards=self.cfg.num_shards,
                           start=self.start, stop=self.stop, d=self.d, round=self.state.round,
                           rounds=self.cfg.rounds)
@@ -274,10 +326,12 @@ class ServerCore:
         if session.role != "worker" or session.worker != push.worker:
             raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
                           f"{session.worker}, not as worker {push.worker}")
+        self.absent[push.worker] = False  # it is there: later rounds wait for it again
         if self.state.counted(push.round, push.worker):
             replies = self._answer_repeat(envelope, peer, push)
-            if self._may_close(now):  # an aggregation that raised before: try again
-                replies += self._finish_round(now)
+            closing = self._closing(now)  # an aggregation that raised before: try again
+            if closing is not None:
+                replies += self._finish_round(now, closing)
             return replies
         if push.pull_next and (peer, push.round + 1) not in self.parked:
             self._check_parking_space(peer)  # before storing: a refused push leaves nothing
@@ -289,8 +343,9 @@ class ServerCore:
             self._park(envelope, peer, push.round + 1)  # answered by PARAMS(round + 1)
         else:
             replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
-        if self._may_close(now):
-            replies += self._finish_round(now)
+        closing = self._closing(now)
+        if closing is not None:
+            replies += self._finish_round(now, closing)
         return replies
 
     def _answer_repeat(self, envelope: list[Any], peer: Peer, push: Push) -> list[Reply]:
@@ -322,9 +377,9 @@ class ServerCore:
         self.parked_per_peer.pop(peer, None)
         self.readers_waiting.discard(peer)
 
-    def _finish_round(self, now: float) -> list[Reply]:
-        """Aggregate the round (complete, or at its deadline) and answer the PULLs parked
-        for the next one.
+    def _finish_round(self, now: float, closing: str) -> list[Reply]:
+        """Aggregate the round (``closing`` says why it may close) and answer the PULLs
+        parked for the next one.
 
         If the rule raises, the round stays open and is aggregated again with the next
         message or tick; what follows a successful step (metrics, checkpoint) cannot
@@ -333,7 +388,12 @@ class ServerCore:
         m = self.state.step()
         self.round_opened = None
         if m.missing:
-            log.info("round %d closed at its deadline without workers %s", m.round, m.missing)
+            newly = [w for w in m.missing if not self.absent[w]]
+            self.absent[m.missing] = True
+            if newly:  # once per worker that went missing, not once per round
+                log.info("round %d closed at its deadline without workers %s: absent from "
+                         "now on (later rounds close once every present worker is in)",
+                         m.round, newly)
         if self.state.finished:
             self.finished_at = now
         replies = []
@@ -344,14 +404,15 @@ class ServerCore:
                 del self.parked_per_peer[key[0]]
             replies.append(self._params(envelope, self.state.round, self.state.params))
         try:
-            self._record(m)
+            self._record(m, closing)
         except Exception:
             self.counters[ErrorCode.INTERNAL.value] += 1
             log.exception("recording round %d failed", m.round)
         return replies
 
-    def _record(self, m: RoundMetrics) -> None:
-        """The round's metrics line, checkpoint and log line."""
+    def _record(self, m: RoundMetrics, closing: str) -> None:
+        """The round's metrics line (``closed``: why it closed, see :meth:`_closing`;
+        ``barred``: the keys barred so far), checkpoint and log line."""
         self.metrics.write({
             "time": time.time(),
             "shard": self.state.shard,
@@ -364,6 +425,8 @@ class ServerCore:
             "rule_info": m.rule_info,
             "workers": m.workers,
             "missing": m.missing,
+            "closed": closing,
+            "barred": sorted(self.peers.barred),
         })
         every = self.options.checkpoint_every
         if every and self.state.round % every == 0:
@@ -393,3 +456,4 @@ class ServerCore:
         if len(message) > MAX_ERROR_TEXT:  # a peer's input quoted back stays bounded
             message = message[:MAX_ERROR_TEXT] + " ..."
         return Reply(envelope, Error(code=code.value, message=message, round=self.state.round))
+

@@ -8,6 +8,7 @@ core is done or a stop was requested (then the shard is checkpointed on the way 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -19,16 +20,15 @@ from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.transport import (
-    LINGER_MS,
-    bind_router,
-    largest_message,
-    receive,
-    send,
-    shut_down,
-    write_ready_file,
+from common.transport import Listener, largest_message, shut_down, write_ready_file
+from server.checkpoint import (
+    CheckpointError,
+    CheckpointWriter,
+    Expected,
+    checkpoint_path,
+    load_checkpoint,
+    server_mac_key,
 )
-from server.checkpoint import CheckpointWriter, checkpoint_path, load_checkpoint
 from server.core import CHECKPOINT_FAILED, ServerCore
 from server.options import ServerOptions
 
@@ -38,20 +38,34 @@ POLL_MS = 200
 
 
 def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
-               initial: np.ndarray) -> tuple[ServerCore, CheckpointWriter | None]:
+               initial: np.ndarray, mac_key: bytes | None = None,
+               ) -> tuple[ServerCore, CheckpointWriter | None]:
     """The core with its metrics file and checkpoint writer in ``out_dir``, resumed from
-    the checkpoint there if ``options.resume`` and one exists."""
+    the checkpoint there if ``options.resume`` and one exists.
+
+    ``mac_key`` (``server.checkpoint.server_mac_key(keys, shard)``; None with
+    ``--insecure``: unkeyed digests) tags every checkpoint written, and the one resumed
+    must carry it; a checkpoint refused for any reason is a ``CheckpointError`` (exit 2)
+    naming the file, and the file is left as it was."""
     shard = options.shard
     metrics = JsonlWriter(out_dir / f"server-{shard}.jsonl" if out_dir else None)
     path = checkpoint_path(out_dir, shard) if out_dir else None
-    writer = (CheckpointWriter(path, on_failure=lambda: core.counters.update([CHECKPOINT_FAILED]))
+    writer = (CheckpointWriter(path, on_failure=lambda: core.counters.update([CHECKPOINT_FAILED]),
+                               key=mac_key)
               if path else None)
     core = ServerCore(cfg, options, initial, metrics, save=writer.submit if writer else None)
     if options.resume:
         if path is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
-        if path.exists():
-            core.restore(load_checkpoint(path))
+        if os.path.lexists(path):
+            stateful = getattr(core.state.rule, "stateful", False)
+            expect = Expected.of(cfg, shard, size=core.stop - core.start,
+                                 rule_state=None if stateful else frozenset())
+            ckpt = load_checkpoint(path, key=mac_key, expect=expect)
+            try:
+                core.restore(ckpt)
+            except ConfigError as exc:
+                raise CheckpointError(path, str(exc)) from exc
             log.info("resumed from %s at round %d", path, core.state.round)
         else:
             log.info("no checkpoint at %s; starting from round 0", path)
@@ -61,35 +75,40 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
 def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
           initial: np.ndarray, keys: KeyRing | None) -> None:
     """Serve until the last round is done (plus linger) or a stop is requested; with
-    ``keys`` as a CURVE server that admits only the run's client keys."""
-    core, writer = build_core(cfg, options, process.out_dir, initial)
+    ``keys`` as a CURVE server that admits only the client keys whose scope includes the
+    shard, within their budgets (``common/admission.py``)."""
+    mac_key = server_mac_key(keys, options.shard)
+    core, writer = build_core(cfg, options, process.out_dir, initial, mac_key)
     curve = keys.server_curve(options.shard) if keys else None
     ctx = zmq.Context.instance()
-    sock, endpoint = bind_router(ctx, options.bind, curve)
-    max_bytes = largest_message(core.stop - core.start)
+    listener = Listener(ctx, options.bind, curve, largest_message(core.stop - core.start),
+                        peers_per_connection=cfg.num_workers)
+    core.peers.on_bar = listener.bar
+    sock = listener.sock
     try:
         log.info("shard %d/%d [%d, %d) of d=%d listening on %s (rule %s, n=%d, q=%d, "
                  "%d rounds, %s)", options.shard, cfg.num_shards, core.start, core.stop, core.d,
-                 endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds,
+                 listener.endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds,
                  "CURVE keys" if curve else "INSECURE: no keys")
-        write_ready_file(process.ready_file, endpoint)
+        write_ready_file(process.ready_file, listener.endpoint)
         freeze_startup_objects()
         while not core.done(time.monotonic()):
             check_stop()
             if sock.poll(_poll_ms(core, time.monotonic()), zmq.POLLIN):
                 # drain what is queued before checking the clock again
                 while sock.poll(0, zmq.POLLIN):
-                    incoming = receive(sock, max_bytes, authenticated=curve is not None)
-                    for reply in core.handle(incoming, time.monotonic()):
-                        send(sock, reply.envelope, reply.header, reply.tensor)
+                    for reply in core.handle(listener.receive(), time.monotonic()):
+                        listener.send(reply.envelope, reply.header, reply.tensor)
+            for identity, why in listener.offences():
+                core.offence(identity, why, time.monotonic())
             for reply in core.tick(time.monotonic()):
-                send(sock, reply.envelope, reply.header, reply.tensor)
+                listener.send(reply.envelope, reply.header, reply.tensor)
         log.info("run finished after %d rounds; exiting", cfg.rounds)
     finally:
         if writer is not None:
             writer.close(core.snapshot())
         core.metrics.close()
-        sock.close(linger=LINGER_MS)
+        listener.close()
         shut_down(ctx)
 
 

@@ -2,9 +2,10 @@
 
 A peer (a routing envelope) must HELLO with the run's settings before it may PUSH or
 PULL; the HELLO opens a session that binds the peer to its role and worker id, so a
-session opened as worker i can push only as worker i. With CURVE keys the HELLO itself
-must match the key that authenticated the connection (:func:`check_claim`); a proxy's
-key may relay the HELLOs of the workers behind it.
+session opened as worker i can push only as worker i. With CURVE keys every message must
+be within the scope of the key that authenticated the connection (:func:`check_claim`):
+a proxy's key, only at the shard it fronts, may say HELLO as the proxy itself and relay
+the HELLOs of the workers behind it (relayed messages carry the proxy's routing frame).
 
 The table is bounded twice, so no peer can fill it for the others: each principal (the
 authenticated key, the role and the worker id claimed) keeps at most
@@ -43,13 +44,25 @@ class Session:
         return (self.identity.name if self.identity else None, self.role, self.worker)
 
 
-def check_claim(identity: Identity | None, header: Header) -> None:
-    """Refuse (FORBIDDEN) what the key ``identity`` may not send; None: no keys in use.
+def check_claim(identity: Identity | None, header: Header, depth: int = 1,
+                shard: int | None = None) -> None:
+    """Refuse (FORBIDDEN) what the key ``identity`` may not send at the server of
+    ``shard``; None: no keys in use. ``depth``: frames of the message's routing envelope
+    (1 from a direct connection, 2 relayed by a proxy).
 
-    A worker key may HELLO and PUSH only as its own worker id; the evaluator key may
-    HELLO as the evaluator, PULL and ask STATUS; a proxy key relays for anybody.
+    * a worker key may HELLO and PUSH only as its own worker id, and PULL and ask STATUS;
+    * the evaluator key may HELLO as the evaluator (or a monitor), PULL and ask STATUS;
+    * a proxy key, at its own shard only, may HELLO as the proxy on its own connection,
+      and relay (``depth`` > 1) the HELLOs, PUSHes, PULLs and STATUS of workers;
+    * a server key is no client's.
     """
-    if identity is None or identity.role == "proxy":
+    if identity is None:
+        return
+    if shard is not None and not identity.reaches(shard):
+        raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} is not admitted at "
+                      f"shard {shard}")
+    if identity.role == "proxy":
+        _check_proxy_claim(identity, header, depth)
         return
     if isinstance(header, Hello):
         claimed = Identity("worker", header.worker) if header.role == "worker" else None
@@ -62,9 +75,22 @@ def check_claim(identity: Identity | None, header: Header) -> None:
         if identity != Identity("worker", header.worker):
             raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot push as "
                           f"worker {header.worker}")
-    elif not isinstance(header, (Pull, Status)):
+    elif not isinstance(header, (Pull, Status)) or identity.role not in ("worker", "evaluator"):
         raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot send "
                       f"{header.op.name}")
+
+
+def _check_proxy_claim(identity: Identity, header: Header, depth: int) -> None:
+    """A proxy's key: its own HELLO directly, workers' requests relayed."""
+    relayed = depth > 1
+    if isinstance(header, Hello):
+        if header.role == ("worker" if relayed else "proxy"):
+            return
+        raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} cannot say HELLO as "
+                      f"{header.role} {'for a relayed peer' if relayed else 'itself'}")
+    if not relayed or not isinstance(header, (Push, Pull, Status)):
+        raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} can send "
+                      f"{header.op.name} only for the workers it relays")
 
 
 class Sessions:

@@ -26,7 +26,7 @@ import torch
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.protocol import ErrorCode, Message, Refused
-from common.rules import Rule, make_rule
+from common.rules import Rule, RuleError, make_rule
 from common.rules.pre import Chain, RoundContext
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
@@ -87,6 +87,10 @@ class ShardState:
             if value.size != self.size:
                 raise ConfigError(f"checkpoint's rule state {key!r} holds {value.size} "
                                   f"values, shard {self.shard} has {self.size}")
+        try:  # names the rule does not carry: refused now, not at every round's step
+            self.rule.set_state(rule_state)
+        except RuleError as exc:
+            raise ConfigError(f"checkpoint's rule state: {exc}") from exc
         self.rule_state = {k: np.array(v, dtype=np.float32, copy=True)
                            for k, v in rule_state.items()}
         self.params = np.array(params, dtype=np.float32, copy=True)

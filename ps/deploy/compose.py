@@ -11,11 +11,21 @@ settings, an attacker's attack with its parameters, and the process settings.
 
 One service per server (``server-<s>``), per proxy (``proxy-<s>``, in front of server
 s) and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
-evaluator and ``runs-dir``, which hands a root-owned output directory to the
-containers' user before the others start, and ``keys``, which writes the run's keys
-(and clears the previous run's checkpoints: every ``up`` is a new run). A fixed id
-per service keeps a run reproducible (worker i always trains on partition i) and lets
-one worker be made Byzantine on its own.
+evaluator and two set-up services that run first, without network: ``runs-dir``
+(root, ``CHOWN`` and ``DAC_OVERRIDE`` only) creates one directory per service under the
+host's runs directory, hands them to the containers' user and removes the previous
+run's checkpoints (every ``up`` is a new run); then ``keys`` writes the run's keys: the
+full set in its own tmpfs, and one bundle per identity (``ps-keys --bundles``). A fixed
+id per service keeps a run reproducible (worker i always trains on partition i) and
+lets one worker be made Byzantine on its own.
+
+What each node's container can touch (the threat: a Byzantine worker holds a valid key,
+and any container may be compromised): its own key bundle, read-only at ``/keys``
+(exactly ``common.keys.needed_keys`` of its identity), and its own directory
+``<runs>/<service>`` at ``/runs``, where it writes its metrics and, for a server, its
+checkpoint; a read-only root file system with a tmpfs ``/tmp``; memory and pids limits
+(``ps/deploy/resources.py``) and rotated logs. No container writes a key a server
+reads, nor another node's files.
 
 Every node restarts when it dies (``restart: on-failure``, a few times): a server
 resumes from its checkpoint (``PS_RESUME``) and the workers replay what it lost; a
@@ -60,6 +70,7 @@ from common.settings import (
     from_environ,
     to_environ,
 )
+from ps.deploy import resources
 from ps.proxy.options import ProxyOptions
 from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
@@ -69,8 +80,11 @@ DEFAULT_ENV = "docker/cluster.env"
 DEFAULT_OUTPUT = "docker-compose.yml"
 PORT = 5550
 READY_FILE = Path("/tmp/ps-ready")
-OUT_DIR = Path("/runs")
-KEYS_DIR = OUT_DIR / "keys"
+OUT_DIR = Path("/runs")  # in a node's container: its own directory
+KEYS_DIR = Path("/keys")  # in a node's container: its own key bundle, read-only
+RUNS_HOST = "${PS_RUNS_DIR:-./runs/compose}"  # on the host: one directory per service
+ALL_KEYS_DIR = "/tmp/keys"  # in the keys container's tmpfs: the full set, never on disk
+SETUP_SERVICES = ("runs-dir", "keys")
 ARGS_MARK = "# gen_compose.py options: "
 SCRIPT = "docker/gen_compose.py"
 RESTART_POLICY = "on-failure:3"  # a node that died comes back (not a finished one)
@@ -215,11 +229,58 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
     return out
 
 
+def deployment_sizes(dep: Deployment) -> resources.Sizes:
+    """What the containers' limits depend on (n, d, S, the dataset, the replay window)."""
+    return resources.sizes_of(
+        dep.cfg, dep.settings(ClientOptions, WORKER).replay_rounds,
+        dep.settings(ProcessOptions, SERVER).torch_threads)
+
+
+def service_limits(dep: Deployment, sizes: resources.Sizes) -> dict[str, tuple[int, int]]:
+    """Service -> (memory limit in bytes, pids limit), the set-up services included."""
+    names = [*SETUP_SERVICES, *service_environments(dep)]
+    out = {}
+    for name in names:
+        role = resources.role_of(name)
+        byzantine = role == "worker" and dep.attack.is_byzantine(int(name.split("-")[1]))
+        out[name] = (resources.memory_limit(role, sizes, byzantine),
+                     resources.pids_limit(role, sizes.torch_threads))
+    return out
+
+
+def runs_dir_script(dep: Deployment) -> str:
+    """The ``runs-dir`` service's shell script: a root-owned host directory (the Docker
+    daemon creates a missing one so) goes to the containers' user; each node service's
+    directory (0755) and key bundle directory ``keys/<service>`` (0700, under ``keys``,
+    0700) is created, and handed over if root's; the servers' checkpoints (and their
+    temporary files) of the previous run are removed, so that every ``up`` is a new run
+    (a server would otherwise resume, or refuse, another run's checkpoint)."""
+    owner = "${PS_UID:-1000}:${PS_GID:-1000}"
+    nodes = " ".join(service_environments(dep))
+    return "\n".join([
+        "set -e",
+        f"cd {OUT_DIR}",
+        "[ -d keys ] || mkdir -m 0700 keys",
+        f"for d in {nodes}; do",
+        '  [ -d "$$d" ] || mkdir -m 0755 "$$d"',
+        '  [ -d "keys/$$d" ] || mkdir -m 0700 "keys/$$d"',
+        "done",
+        f"for d in . keys {nodes} keys/*; do",
+        '  if [ "$$(stat -c %u "$$d")" = 0 ]; then chown ' + owner + ' "$$d"; fi',
+        "done",
+        "rm -f server-*/shard-*.npz server-*/shard-*.npz.*.tmp",
+    ])
+
+
 def render(dep: Deployment, options: dict) -> str:
     """The compose file of ``dep`` with the given topology options."""
     cfg, attack = dep.cfg, dep.attack
     s, n = cfg.num_shards, cfg.num_workers
     byzantine = options["byzantine_workers"]
+    sizes = deployment_sizes(dep)
+    limits = service_limits(dep, sizes)
+    proxies = f" --proxies {','.join(map(str, attack.proxy_shards))}" if attack.proxy_shards \
+        else ""
     out = [
         "# GENERATED by docker/gen_compose.py from " + options["env_file"] + ": edit that file",
         "# (run configuration, attack, timeouts) and rerun the generator; see docs/docker.md.",
@@ -230,6 +291,9 @@ def render(dep: Deployment, options: dict) -> str:
         "# Regenerate: " + command_for(options),
         ARGS_MARK + json.dumps(options, sort_keys=True),
         "#",
+        "# Each node's container mounts its own key bundle read-only at /keys and its own",
+        f"# directory {RUNS_HOST}/<service> at /runs, nothing else writable;",
+        f"# memory limits for d = {sizes.num_params:,} parameters (ps/deploy/resources.py).",
         "# File format 2.4: `depends_on` with a `condition:` works with docker-compose v1",
         "# (1.29+) and with `docker compose` v2.",
         'version: "2.4"',
@@ -238,10 +302,16 @@ def render(dep: Deployment, options: dict) -> str:
         "  image: ${PS_IMAGE:-byzps:latest}",
         "  # non-root; PS_UID/PS_GID let the files on the host belong to you",
         '  user: "${PS_UID:-1000}:${PS_GID:-1000}"',
-        "  volumes:",
-        f"    - ${{PS_RUNS_DIR:-./runs/compose}}:{OUT_DIR}",
         "  cap_drop: [ALL]",
         "  security_opt: [no-new-privileges:true]",
+        "  # nothing writable but the mounts and /tmp (the ready file, numba's cache)",
+        "  read_only: true",
+        f"  tmpfs: [\"/tmp:size={resources.mebibytes(resources.TMPFS_BYTES)}m\"]",
+        "  # the process's output is its log: rotated by Docker (docker compose logs)",
+        "  logging:",
+        f"    driver: {resources.LOG_DRIVER}",
+        "    options:",
+        *[f'      {k}: "{v}"' for k, v in resources.LOG_OPTIONS.items()],
         '  restart: "no"',
         "",
         "# the run configuration, identical on every node (the servers compare its hash)",
@@ -257,9 +327,10 @@ def render(dep: Deployment, options: dict) -> str:
         "  retries: 150",
         "",
         "services:",
-        # A host directory that does not exist yet is created by the Docker daemon,
-        # owned by root: hand it to the containers' user (only then, never a directory
-        # that belongs to someone already). It starts first, so it builds the image.
+        # It starts first, so it builds the image.
+        "  # one directory per service under the host's runs directory (handed to the",
+        "  # containers' user if root's: the Docker daemon creates a missing one so), and",
+        "  # the previous run's checkpoints removed: every `up` is a new run",
         "  runs-dir:",
         "    <<: *node",
         "    build:",
@@ -267,33 +338,47 @@ def render(dep: Deployment, options: dict) -> str:
         "      args:",
         "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}",
         '    user: "0:0"',
-        "    cap_add: [CHOWN]",
-        "    command: [sh, -c, 'if [ \"$$(stat -c %u /runs)\" = 0 ]; "
-        "then chown ${PS_UID:-1000}:${PS_GID:-1000} /runs; fi']",
+        "    cap_add: [CHOWN, DAC_OVERRIDE]",
+        "    network_mode: none",
+        *_limits(limits["runs-dir"]),
+        "    volumes:",
+        f"      - {RUNS_HOST}:{OUT_DIR}",
+        "    command:",
+        "      - sh",
+        "      - -c",
+        "      - |",
+        *[f"        {line}" for line in runs_dir_script(dep).splitlines()],
         "",
         "  # the run's CURVE keys, new for every `up` (the proxy's key exists only because",
-        "  # this cluster is a test bed for the man-in-the-middle); every `up` is a new",
-        "  # run, so the previous run's checkpoints go (the servers would resume them)",
+        "  # this cluster is a test bed for the man-in-the-middle): the full set in this",
+        f"  # container's tmpfs ({ALL_KEYS_DIR}, gone with it), and keys/<identity>/ holding",
+        "  # exactly what that identity's process loads, for its container alone",
         "  keys:",
         "    <<: *node",
-        f"    command: [sh, -c, 'rm -f {OUT_DIR}/shard-*.npz && exec ps-keys --force --dir "
-        f"{KEYS_DIR} --shards {s} --workers {n}"
-        + (f" --proxies {','.join(map(str, attack.proxy_shards))}"
-           if attack.proxy_shards else "") + "']",
+        "    network_mode: none",
+        *_limits(limits["keys"]),
+        "    volumes:",
+        f"      - {RUNS_HOST}/keys:{KEYS_DIR}",
+        f"    command: [ps-keys, --force, --dir, {ALL_KEYS_DIR}, --bundles, {KEYS_DIR}, "
+        f"--shards, '{s}', --workers, '{n}'"
+        + (f", --proxies, '{proxies.split()[-1]}'" if proxies else "") + "]",
         "    depends_on:",
         "      runs-dir:",
         "        condition: service_completed_successfully",
         "",
     ]
     servers = [f"server-{k}" for k in range(s)]
-    proxies = [f"proxy-{k}" for k in attack.proxy_shards]
-    depends = {"server": ["keys"], "proxy": None, "worker": servers + proxies,
+    proxy_names = [f"proxy-{k}" for k in attack.proxy_shards]
+    depends = {"server": ["keys"], "proxy": None, "worker": servers + proxy_names,
                "evaluator": servers}
     anchors: dict[tuple[str, ...], str] = {}
     for name, (command, env) in service_environments(dep).items():
         out += [f"  {name}:", "    <<: *node", f"    command: [{command}]",
-                f'    restart: "{RESTART_POLICY}"', "    environment:",
-                "      <<: *run", f"      PS_LOG_NAME: {name}"]
+                f'    restart: "{RESTART_POLICY}"', *_limits(limits[name]),
+                "    volumes:",
+                f"      - {RUNS_HOST}/{name}:{OUT_DIR}",
+                f"      - {RUNS_HOST}/keys/{name}:{KEYS_DIR}:ro",
+                "    environment:", "      <<: *run"]
         out += [f'      {k}: "{v}"' for k, v in env.items()]
         kind = name.split("-")[0]
         needs = depends[kind] if kind != "proxy" else [f"server-{name.split('-')[1]}"]
@@ -310,6 +395,13 @@ def render(dep: Deployment, options: dict) -> str:
             out.append("    healthcheck: *ready")
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _limits(limit: tuple[int, int]) -> list[str]:
+    """A service's memory (no swap beyond it) and pids limits."""
+    memory = f"{resources.mebibytes(limit[0])}m"
+    return [f"    mem_limit: {memory}", f"    memswap_limit: {memory}",
+            f"    pids_limit: {limit[1]}"]
 
 
 def int_list(text: str) -> list[int]:

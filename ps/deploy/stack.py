@@ -2,21 +2,26 @@
 
 The stack is derived from the same declaration as the compose file: ``docker/cluster.env``
 read and validated by :func:`ps.deploy.compose.deployment`, each service's environment
-from :func:`ps.deploy.compose.service_environments`. What differs is the deployment:
+from :func:`ps.deploy.compose.service_environments`, each container's limits from
+``ps/deploy/resources.py``. What differs is the deployment:
 
 * one service per server (``server-<s>``, reachable by that name on the overlay network),
-  one per proxy (``proxy-<s>``) and the evaluator, each with one replica;
-* ONE ``worker`` service of n replicas: a replica's worker id is its task slot - 1
-  (``PS_WORKER_SLOT={{.Task.Slot}}``, turned into ``PS_WORKER_ID`` by the image's
-  entrypoint, which also drops ``PS_WORKER_ATTACK`` on the replicas whose id is not in
-  ``PS_BYZANTINE_WORKERS``), so a restarted task keeps its id and its data partition;
+  one per proxy (``proxy-<s>``), one per worker (``worker-<i>``, ``PS_WORKER_ID=i``
+  fixed) and the evaluator, each with one replica. One service per worker, not one
+  service of n replicas: swarm gives secrets to a service, never to one of its tasks,
+  so replicas would all hold every worker's key (a node running one worker could push
+  as any); and a fixed id per service keeps a restarted worker on its partition;
 * the run's CURVE keys as Docker secrets (created beforehand, ``external``), mounted
   under ``/run/secrets/keys/`` where ``KeyRing`` reads them (``PS_KEYS``); each service
-  gets only the key files it loads (see :func:`service_keys`), never a key in an
-  environment variable or an image;
+  gets exactly the key files its process loads (``common.keys.needed_keys``): a worker
+  its own secret key and the servers' public keys; never a key in an environment
+  variable or an image;
+* each service writes only its own named volume (``runs-<service>``, at ``/runs``; local
+  to the node it runs on): no two services share a writable volume; a read-only root
+  file system with a tmpfs ``/tmp``; memory and pids limits; rotated json-file logs;
 * restart on failure (a few times; a process that finished exits 0 and stays down),
-  workers spread over the nodes, metrics and checkpoints on the named volume ``runs``
-  (local to each node), service names resolved to the tasks' own addresses (dnsrr).
+  workers spread over the nodes, service names resolved to the tasks' own addresses
+  (dnsrr).
 
 Usage (from the repository root)::
 
@@ -38,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
-from common.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, key_names
+from common.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, key_names, needed_keys
 from common.settings import SERVER, to_environ
+from ps.deploy import resources
 from ps.deploy.compose import (
     OUT_DIR,
     READY_FILE,
@@ -49,10 +55,11 @@ from ps.deploy.compose import (
     check_or_write,
     command_for,
     deployment,
+    deployment_sizes,
     generator_options,
     read_env,
     service_environments,
-    worker_environment,
+    service_limits,
 )
 
 SCRIPT = "docker/gen_stack.py"
@@ -63,9 +70,8 @@ SECRETS_DIR = Path("/run/secrets/keys")
 IMAGE = "${PS_IMAGE:-byzps:latest}"
 SECRET_NAME = "${PS_SECRET_PREFIX:-byzps}-"
 NETWORK = "byzps"
-VOLUME = "runs"
-WORKER = "worker"
-TASK_SLOT = "{{.Task.Slot}}"
+VOLUME_PREFIX = "runs-"  # runs-<service>: each service's own named volume
+TMP = "/tmp"
 IMAGE_USER = "1000"  # the image's user `ps` (Dockerfile): owner of the secret key files
 SPREAD = "node.labels.zone"
 # a service name resolves to its task's own address (as on compose's network), not to a
@@ -80,32 +86,19 @@ class Octal(int):
 
 
 def service_keys(dep: Deployment) -> dict[str, list[str]]:
-    """Service -> the key files it gets: the secret files of the identities it speaks as,
-    then the public keys it checks peers against. Exactly what its ``KeyRing`` loads:
+    """Service -> the key files it gets: exactly what its process loads
+    (:func:`common.keys.needed_keys` of the identity the service is named after): its
+    own ``.key_secret``, then the public keys it checks peers against.
 
-    * ``server-<s>``: its ``.key_secret`` and the public keys of the clients it admits
-      (every worker, the evaluator, its proxy if any);
-    * ``proxy-<s>``: its own ``.key_secret`` (towards server s), ``server-<s>.key_secret``
-      (it impersonates server s to the workers) and ``server-<s>.key``, and the workers'
-      public keys (the clients it admits);
-    * ``worker``: every worker's ``.key_secret`` (a replica's id is its task slot: swarm
-      gives secrets per service, not per task) and the servers' public keys;
-    * ``evaluator``: its ``.key_secret`` and the servers' public keys.
+    * ``server-<s>``: the public keys of the clients it admits (every worker, the
+      evaluator, its proxy if any);
+    * ``proxy-<s>``: also ``server-<s>``'s pair (it impersonates server s to the
+      workers) and the workers' public keys;
+    * ``worker-<i>``, ``evaluator``: the servers' public keys.
     """
-    cfg, attack = dep.cfg, dep.attack
-    workers = [f"worker-{i}{PUBLIC_SUFFIX}" for i in range(cfg.num_workers)]
-    servers = [f"server-{k}{PUBLIC_SUFFIX}" for k in range(cfg.num_shards)]
-    out: dict[str, list[str]] = {}
-    for k in range(cfg.num_shards):
-        proxy = [f"proxy-{k}{PUBLIC_SUFFIX}"] if k in attack.proxy_shards else []
-        out[f"server-{k}"] = [f"server-{k}{SECRET_SUFFIX}", *workers,
-                              f"evaluator{PUBLIC_SUFFIX}", *proxy]
-    for k in attack.proxy_shards:
-        out[f"proxy-{k}"] = [f"proxy-{k}{SECRET_SUFFIX}", f"server-{k}{SECRET_SUFFIX}",
-                             f"server-{k}{PUBLIC_SUFFIX}", *workers]
-    out[WORKER] = [*(f"worker-{i}{SECRET_SUFFIX}" for i in range(cfg.num_workers)), *servers]
-    out["evaluator"] = [f"evaluator{SECRET_SUFFIX}", *servers]
-    return out
+    cfg, proxies = dep.cfg, dep.attack.proxy_shards
+    return {name: needed_keys(name, cfg.num_shards, cfg.num_workers, proxies)
+            for name in service_environments(dep)}
 
 
 def keys_arguments(dep: Deployment) -> str:
@@ -122,31 +115,31 @@ def _secret_mount(name: str) -> dict[str, Any]:
 
 
 def stack_spec(dep: Deployment) -> dict[str, Any]:
-    """The stack file's content (services, network, volume, secrets) as plain data."""
+    """The stack file's content (services, network, volumes, secrets) as plain data."""
     run = to_environ(dep.cfg, SERVER)
     environments = service_environments(dep, keys_dir=SECRETS_DIR)
-    # one service for all workers instead of worker-<i>: the id comes from the task slot
-    # (docker/entrypoint.sh), the attack's settings are there for the Byzantine ids
-    processes = {name: entry for name, entry in environments.items()
-                 if not name.startswith("worker-")}
-    evaluator = processes.pop("evaluator")
-    processes[WORKER] = ("ps-worker", {"PS_WORKER_SLOT": TASK_SLOT, **worker_environment(
-        dep, None, bool(dep.attack.byzantine_workers), keys_dir=SECRETS_DIR)})
-    processes["evaluator"] = evaluator
+    limits = service_limits(dep, deployment_sizes(dep))
     keys = service_keys(dep)
     spec: dict[str, Any] = {}
-    for name, (command, env) in processes.items():
+    for name, (command, env) in environments.items():
+        memory, pids = limits[name]
         deploy: dict[str, Any] = {
-            "replicas": dep.cfg.num_workers if name == WORKER else 1,
-            "endpoint_mode": ENDPOINT_MODE, "restart_policy": dict(RESTART_POLICY)}
-        if name == WORKER:
+            "replicas": 1, "endpoint_mode": ENDPOINT_MODE,
+            "restart_policy": dict(RESTART_POLICY),
+            "resources": {"limits": {"memory": f"{resources.mebibytes(memory)}M",
+                                     "pids": pids}}}
+        if name.startswith("worker-"):
             deploy["placement"] = {"preferences": [{"spread": SPREAD}]}
         service: dict[str, Any] = {
             "image": IMAGE, "command": [command],
-            "environment": {**run, "PS_LOG_NAME": name, **env},
+            "environment": {**run, **env},
             "secrets": [_secret_mount(key) for key in keys[name]],
-            "volumes": [f"{VOLUME}:{OUT_DIR}"], "networks": [NETWORK],
-            "cap_drop": ["ALL"], "deploy": deploy}
+            "volumes": [f"{VOLUME_PREFIX}{name}:{OUT_DIR}",
+                        {"type": "tmpfs", "target": TMP,
+                         "tmpfs": {"size": resources.TMPFS_BYTES}}],
+            "networks": [NETWORK], "cap_drop": ["ALL"], "read_only": True,
+            "logging": {"driver": resources.LOG_DRIVER, "options": dict(resources.LOG_OPTIONS)},
+            "deploy": deploy}
         if name.startswith(("server-", "proxy-")):
             service["healthcheck"] = {"test": ["CMD", "test", "-f", str(READY_FILE)],
                                       "interval": "2s", "timeout": "2s", "retries": 150}
@@ -156,10 +149,10 @@ def stack_spec(dep: Deployment) -> dict[str, Any]:
         for suffix in (PUBLIC_SUFFIX, SECRET_SUFFIX)]
     used = {key for files in keys.values() for key in files}
     return {
-        "version": "3.8",
+        "version": "3.9",  # deploy.resources.limits.pids
         "services": spec,
         "networks": {NETWORK: {"driver": "overlay", "attachable": True}},
-        "volumes": {VOLUME: {}},
+        "volumes": {f"{VOLUME_PREFIX}{name}": {} for name in spec},
         "secrets": {key: {"external": True, "name": SECRET_NAME + key}
                     for key in names if key in used},
     }
@@ -177,12 +170,10 @@ def _scalar(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a YAML double-quoted scalar
-    if isinstance(value, list) and not any(isinstance(v, dict | list) for v in value):
+    if isinstance(value, list):
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    if isinstance(value, dict) and not any(isinstance(v, dict | list) for v in value.values()):
-        for key in value:
-            _plain_key(key)
-        return "{" + ", ".join(f"{k}: {_scalar(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_plain_key(k)}: {_scalar(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no YAML scalar for {value!r}")
 
 
@@ -223,8 +214,8 @@ def render(dep: Deployment, options: dict[str, Any]) -> str:
         f"# GENERATED by {SCRIPT} from {options['env_file']}: edit that file (run",
         "# configuration, attack, timeouts) and rerun the generator; see docs/deploy.md.",
         f"# Docker Swarm stack: {cfg.num_shards} servers, proxies before shards "
-        f"{','.join(map(str, attack.proxy_shards)) or '(none)'}, one worker service of "
-        f"{cfg.num_workers} replicas (worker id = task slot - 1)"
+        f"{','.join(map(str, attack.proxy_shards)) or '(none)'}, {cfg.num_workers} worker "
+        "services (worker-<i>: one replica, its own key)"
         + (f", Byzantine workers {','.join(map(str, byzantine))} ({options['worker_attack']})"
            if byzantine else "") + ", one evaluator.",
         "# Regenerate: " + command_for(options, SCRIPT),
@@ -237,6 +228,9 @@ def render(dep: Deployment, options: dict[str, Any]) -> str:
         "# Read at deploy: PS_IMAGE (default byzps:latest; on several machines an image",
         "# in a registry every node pulls from), PS_SECRET_PREFIX (default byzps: the",
         "# secrets are named <prefix>-<key file>).",
+        "# Each service holds exactly the keys its process loads, writes only its own",
+        "# volume runs-<service>; memory limits for d = "
+        f"{deployment_sizes(dep).num_params:,} parameters (ps/deploy/resources.py).",
     ]
     return "\n".join([*header, *to_yaml(stack_spec(dep))]) + "\n"
 

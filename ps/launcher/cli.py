@@ -78,7 +78,9 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
         values, process = saved_values(spec.cluster.resume)
         saved = spec_from(values, process)
         own = {name: getattr(spec.cluster, name) for name in RESUME_OWN_OPTIONS}
-        spec = resumable_spec(replace(saved, cluster=replace(saved.cluster, **own)))
+        spec = resumable_spec(replace(saved, cluster=replace(saved.cluster, **own),
+                                      security=resumed_security(saved.security,
+                                                                spec.security)))
     cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
     evaluator = not spec.cluster.no_evaluator
     proxies = f", {len(attack.proxy_shards)} proxy" if attack.proxy_attack != "none" else ""
@@ -98,6 +100,16 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     draw_finished_run(out)
     if spec.cluster.verify:
         verify(spec, result.digest)
+
+
+def resumed_security(saved: SecurityOptions, given: SecurityOptions) -> SecurityOptions:
+    """The keys a resumed run uses: those of this command line (``--keys`` or
+    ``--insecure``), else the saved run's ``--keys`` or the keys generated for it. A run
+    directory's saved command never turns security off: a file anyone may have edited
+    is no place for ``--insecure``."""
+    if given.insecure or given.keys is not None:
+        return given
+    return SecurityOptions(keys=saved.keys)
 
 
 def saved_values(out_dir: Path) -> tuple[dict[str, Any], ProcessOptions]:

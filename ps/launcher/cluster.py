@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -187,14 +188,17 @@ class Cluster:
 
     def _keys(self) -> SecurityOptions:
         """What the children use: the given keys, none (--insecure), or keys generated
-        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted)."""
+        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted); a
+        resumed run keeps the keys it had (its servers' checkpoints are authenticated
+        with them)."""
         given = self.spec.security
         if given.insecure or given.keys is not None:
             return given
         attack, cfg = self.spec.attack, self.spec.cfg
         proxies = attack.proxy_shards if attack.proxy_attack != "none" else ()
         directory = self.out / "keys"
-        create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
+        if not (self.spec.server.resume and directory.is_dir()):
+            create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
         return SecurityOptions(keys=directory)
 
     def _child(self, name: str, module: str, args: list[str]) -> ManagedProcess:
@@ -244,8 +248,11 @@ class Cluster:
         return [self.endpoints.get(f"proxy-{s}", self.endpoints[f"server-{s}"])
                 for s in range(self.spec.cfg.num_shards)]
 
-    def _process(self, ready_file: Path | None = None) -> ProcessOptions:
-        return replace(self.spec.process, out_dir=self.out, ready_file=ready_file)
+    def _process(self, name: str, ready_file: Path | None = None) -> ProcessOptions:
+        """Process ``name``'s settings: the run's output directory, its ready file, and
+        its log file (rotated; its stdout and stderr go there too, for a crash)."""
+        return replace(self.spec.process, out_dir=self.out, ready_file=ready_file,
+                       log_file=self.logs / f"{name}.log")
 
     def command_argv(self) -> list[str]:
         """The ``ps-cluster`` flags that start this run again (what ``--resume`` reads)."""
@@ -260,7 +267,7 @@ class Cluster:
                           bind=bind or f"tcp://{self.spec.cluster.host}:*",
                           resume=resume or self.spec.server.resume)
         return child_argv(SERVER, options, self.spec.cfg, self.security,
-                          self._process(ready_file))
+                          self._process(f"server-{shard}", ready_file))
 
     def proxy_argv(self, shard: int, server: str, ready_file: Path | None,
                    bind: str | None = None) -> list[str]:
@@ -268,18 +275,20 @@ class Cluster:
         options = ProxyOptions(bind=bind or f"tcp://{self.spec.cluster.host}:*", server=server,
                                shard=shard)
         return child_argv(PROXY, options, attack, *attack.active(attack.proxy_attack),
-                          self.spec.cfg, self.security, self._process(ready_file))
+                          self.spec.cfg, self.security,
+                          self._process(f"proxy-{shard}", ready_file))
 
     def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
         attack = self.spec.attack
         client = replace(self.spec.client, servers=",".join(endpoints), worker_id=worker)
         lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(worker) else ()
-        return child_argv(WORKER, client, *lies, self.spec.cfg, self.security, self._process())
+        return child_argv(WORKER, client, *lies, self.spec.cfg, self.security,
+                          self._process(f"worker-{worker}"))
 
     def evaluator_argv(self, servers: list[str]) -> list[str]:
         client = replace(self.spec.client, servers=",".join(servers), evaluate=True)
         return child_argv(EVALUATOR, client, self.spec.evaluation, self.spec.cfg,
-                          self.security, self._process())
+                          self.security, self._process("evaluator"))
 
     def _start_servers(self) -> list[str]:
         ready = []
@@ -398,7 +407,8 @@ class Cluster:
         return progress
 
     def _result(self) -> ClusterResult:
-        params = final_parameters(self.out, self.spec.cfg.num_shards)
+        # each shard's checkpoint, checked with its server's key (unkeyed: --insecure)
+        params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"))
         result = ClusterResult(
             out_dir=self.out,
             seconds=time.monotonic() - self.started,
@@ -477,13 +487,23 @@ def check_launchable(spec: ClusterSpec) -> None:
 
 def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     """The spec that continues the run in ``spec.cluster.resume``: its own settings,
-    its servers resuming from their checkpoints; ``ConfigError`` if it cannot."""
-    from server.checkpoint import checkpoint_path, load_checkpoint
+    its servers resuming from their checkpoints; ``ConfigError`` if it cannot.
+
+    A run whose keys the launcher generated (``<out-dir>/keys``) continues with those
+    keys, not new ones: its servers resume only checkpoints tagged with their own key.
+    Each checkpoint is checked here as its server will check it (``CheckpointError``
+    naming the file), except for its size, which the launcher does not know."""
+    from server.checkpoint import checkpoint_path, read_run_checkpoint
 
     out = spec.out_dir
     cfg = spec.cfg
-    rounds = {s: load_checkpoint(checkpoint_path(out, s)).round
-              if checkpoint_path(out, s).exists() else 0 for s in range(cfg.num_shards)}
+    present = [s for s in range(cfg.num_shards) if os.path.lexists(checkpoint_path(out, s))]
+    security = spec.security
+    if not security.insecure and security.keys is None and (present or (out / "keys").is_dir()):
+        security = replace(security, keys=out / "keys")
+    keys = security.ring("ps-cluster --resume") if present else None
+    rounds = {s: read_run_checkpoint(out, cfg, s, keys, finite=True).round
+              if s in present else 0 for s in range(cfg.num_shards)}
     if max(rounds.values()) - min(rounds.values()) > 1:
         raise ConfigError(f"cannot resume {out}: the shards' checkpoints are at rounds "
                           f"{rounds}, more than one round apart (the servers were not stopped "
@@ -492,5 +512,5 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
         raise ConfigError(f"nothing to resume: the run in {out} finished all {cfg.rounds} "
                           f"rounds")
     log.info("resuming %s from checkpoints at rounds %s", out, rounds)
-    return replace(spec, server=replace(spec.server, resume=True),
+    return replace(spec, server=replace(spec.server, resume=True), security=security,
                    cluster=replace(spec.cluster, resume=None))

@@ -13,8 +13,9 @@ from common.process import ProcessOptions, run_process
 @click.command(epilog=EXIT_CODES_TEXT)
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def main(run_dir: Path) -> None:
-    """Redraw the figures of the run in RUN_DIR (a ps-cluster or ps-simulate --out-dir)
-    and print their paths:
+    """Redraw the figures of the run in RUN_DIR (a ps-cluster or ps-simulate --out-dir,
+    or a docker-compose runs directory, whose <service>/ directories hold each
+    process's <service>.jsonl) and print their paths:
 
     \b
     accuracy.png     test top-1, top-3 and loss against rounds (evaluator.jsonl)
@@ -36,7 +37,8 @@ def main(run_dir: Path) -> None:
         if not written:
             raise ConfigError(f"nothing to draw in {run_dir}: no metrics in evaluator.jsonl, "
                               "worker-<i>.jsonl, proxy-<s>.jsonl, server-<s>.jsonl or "
-                              "engine.jsonl; is it a ps-cluster or ps-simulate --out-dir?")
+                              "engine.jsonl (nor in <name>/); is it a ps-cluster or "
+                              "ps-simulate --out-dir, or a compose runs directory?")
         for path in written:
             click.echo(path)
 

@@ -4,6 +4,11 @@ and ``aggregation.png``. A figure whose files are missing or empty is skipped.
 
 A ``ps-simulate`` directory has no server or proxy files: its ``engine.jsonl`` (each
 shard's aggregation time and the values corrupted, per round) stands in for them.
+
+A process's metrics file ``<name>.jsonl`` is read from the run directory itself
+(``ps-cluster``, ``ps-simulate``) or from ``<name>/`` in it: the layout of a
+docker-compose run, where each container writes only its own directory
+(``runs/compose/server-0/server-0.jsonl``, ...). The figures go to the run directory.
 """
 
 from __future__ import annotations
@@ -42,12 +47,22 @@ def read_rounds(path: Path, field: str) -> list[dict[str, Any]]:
     return [by_round[t] for t in sorted(by_round)]
 
 
+def metrics_file(run_dir: Path, name: str) -> Path:
+    """``run_dir/<name>.jsonl``, or ``run_dir/<name>/<name>.jsonl`` (a compose run's
+    per-service directories) when only that one exists."""
+    flat = run_dir / f"{name}.jsonl"
+    nested = run_dir / name / f"{name}.jsonl"
+    return nested if not flat.exists() and nested.exists() else flat
+
+
 def numbered(run_dir: Path, prefix: str) -> dict[int, Path]:
-    """``prefix-<i>.jsonl`` files of ``run_dir`` by ``i``, in order."""
+    """``prefix-<i>.jsonl`` files of ``run_dir`` (or of its ``prefix-<i>/``) by ``i``, in
+    order."""
     found = {}
-    for path in run_dir.glob(f"{prefix}-*.jsonl"):
+    paths = [*run_dir.glob(f"{prefix}-*.jsonl"), *run_dir.glob(f"{prefix}-*/{prefix}-*.jsonl")]
+    for path in paths:
         suffix = path.stem[len(prefix) + 1:]
-        if suffix.isdigit():
+        if suffix.isdigit() and path == metrics_file(run_dir, path.stem):
             found[int(suffix)] = path
     return dict(sorted(found.items()))
 
@@ -118,7 +133,7 @@ def _plot_series(ax: Axes, series: Series, ylabel: str) -> None:
 def draw_accuracy(run_dir: Path, config: dict[str, Any]) -> Path | None:
     """``accuracy.png``: test top-1 and top-3, and test loss (its finite points; the
     title says when it diverged), against rounds."""
-    evals = read_rounds(run_dir / "evaluator.jsonl", "top1")
+    evals = read_rounds(metrics_file(run_dir, "evaluator"), "top1")
     if not evals:
         return None
     colour = rule_colour(config.get("run", {}).get("rule", ""))

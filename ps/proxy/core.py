@@ -21,7 +21,11 @@ after, as the replies going back tell, an ERROR's round even when it goes back);
 older rounds go to the server uncorrupted (it answers them, as repeats or stale).
 Every table is bounded: held pushes by those two rounds, the reply routes by
 ``MAX_ROUTES`` (oldest out). Whatever a message makes the core raise is answered
-``internal`` and counted, never fatal. The ZeroMQ loop around it is
+``internal`` and counted, never fatal. Like the server, it keeps per-key budgets
+(refusals beyond a rate dropped without reply, log lines throttled, peer text cut short)
+and bars a key that sent a message larger than any legal one (here or over-long in
+flight, which the node's in-flight guard reports): its messages are dropped and
+``on_bar`` (the node's listener) refuses its handshakes. The ZeroMQ loop around it is
 ``ps/proxy/node.py``.
 """
 
@@ -30,12 +34,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.budgets import PeerPolicy, principal_of
 from common.config import AttackConfig, RunConfig
+from common.keys import Identity
 from common.metrics import JsonlWriter
 from common.protocol import (
     Ack,
@@ -95,7 +102,8 @@ class ProxyCore:
     """In-flight corruption for the shard that ``welcome`` describes."""
 
     def __init__(self, cfg: RunConfig, attack: AttackConfig, welcome: Welcome,
-                 metrics: JsonlWriter | None = None) -> None:
+                 metrics: JsonlWriter | None = None,
+                 on_bar: Callable[[Identity, str], object] | None = None) -> None:
         self.cfg = cfg
         self.attack = attack
         self.corruptor = ShardCorruptor(cfg, attack, welcome.shard, welcome.start, welcome.stop)
@@ -105,6 +113,8 @@ class ProxyCore:
         self.counters: Counter[str] = Counter()
         self.round = welcome.round  # the server's current round, as far as replies tell
         self.final_acks = 0
+        self.shard = welcome.shard
+        self.peers = PeerPolicy(self.counters, log, on_bar)
 
     @property
     def finished(self) -> bool:
@@ -113,16 +123,27 @@ class ProxyCore:
 
     # -- worker -> server --------------------------------------------------------
 
-    def from_worker(self, incoming: Incoming) -> list[Outgoing]:
+    def from_worker(self, incoming: Incoming, now: float | None = None) -> list[Outgoing]:
         """What a worker's message becomes: relayed (maybe corrupted, maybe held), or
         answered here with the ERROR the server would send."""
+        now = time.monotonic() if now is None else now
+        identity = incoming.identity
+        if self.peers.drops(identity):
+            return []
+        principal = principal_of(incoming)
         msg = incoming.message
         try:
             if msg is None:
                 error = incoming.error
-                raise Refused(error.code if error else ErrorCode.MALFORMED, str(error))
+                code = error.code if error else ErrorCode.MALFORMED
+                if code is ErrorCode.TOO_LARGE and identity is not None:
+                    self.counters[code.value] += 1
+                    self.peers.bar(identity, f"sent a message of {incoming.size:,} bytes, larger "
+                             "than any legal one")
+                    return []
+                raise Refused(code, str(error))
             header = msg.header
-            check_claim(incoming.identity, header)
+            check_claim(identity, header, len(incoming.envelope), self.shard)
             if isinstance(header, Pull):
                 self._route(incoming.peer, self._worker_or_none(header.worker))
             if isinstance(header, Push):
@@ -131,13 +152,20 @@ class ProxyCore:
                     return self._on_push(incoming.envelope, incoming.peer, msg)
             return [Outgoing(True, incoming.frames)]
         except Refused as exc:
-            self.counters[exc.code.value] += 1
-            return self._refuse(incoming.envelope, exc.code, str(exc))
+            return self._refuse(principal, incoming.envelope, exc.code, str(exc), now)
         except Exception as exc:  # a bug must not end the proxy: answer, count, log
-            self.counters[ErrorCode.INTERNAL.value] += 1
-            log.exception("internal error handling a worker's message")
-            return self._refuse(incoming.envelope, ErrorCode.INTERNAL,
-                                f"{type(exc).__name__}: {exc}")
+            if self.peers.loggable("internal", principal, now) is not None:
+                log.exception("internal error handling a worker's message")
+            return self._refuse(principal, incoming.envelope, ErrorCode.INTERNAL,
+                                f"{type(exc).__name__}: {exc}", now, logged=True)
+
+    def offence(self, identity: Identity | None, reason: str, now: float) -> None:
+        """The node's in-flight guard cut a connection of ``identity``: bar it (None: no
+        message named its key; counted and logged)."""
+        if identity is None:
+            self.peers.cut(reason, now)
+        else:
+            self.peers.bar(identity, reason)
 
     def _worker_or_none(self, worker: int) -> int:
         """``worker`` if it names a worker of the run, else -1 (nothing is corrupted)."""
@@ -169,8 +197,10 @@ class ProxyCore:
         while len(routes) > MAX_ROUTES:
             routes.popitem(last=False)
 
-    def _refuse(self, envelope: list[Any], code: ErrorCode, message: str) -> list[Outgoing]:
-        if not envelope:
+    def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, message: str,
+                now: float, logged: bool = False) -> list[Outgoing]:
+        """Count, log and answer a refusal within the peer's budgets (as the server)."""
+        if not (self.peers.refuse(principal, code.value, message, now, logged) and envelope):
             return []
         error = Error(code=code.value, message=message[:MAX_ERROR_TEXT], round=self.round)
         return [Outgoing(False, join_envelope(envelope, encode(error)))]

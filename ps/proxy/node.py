@@ -20,7 +20,7 @@ from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.protocol import Hello, Welcome, encode
 from common.transport import (
     LINGER_MS,
-    bind_router,
+    Listener,
     connect_dealer,
     largest_message,
     receive,
@@ -62,9 +62,10 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
           process: ProcessOptions, keys: KeyRing | None) -> None:
     """Relay until stopped, or until the n ACKs of the last round went back.
 
-    With ``keys`` the proxy connects with the key ``proxy-<s>`` (which the server trusts
-    to relay) and presents the server's own key to the workers: a man in the middle
-    works only because the test handed it both.
+    With ``keys`` the proxy connects with the key ``proxy-<s>`` (which the server of shard
+    s, and no other, trusts to relay) and presents the server's own key to the workers,
+    admitting the workers' keys only: a man in the middle works only because the test
+    handed it both.
     """
     ctx = zmq.Context.instance()
     shard = options.shard
@@ -75,36 +76,38 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         welcome = handshake(back, cfg, options)
         out = process.out_dir
         metrics = JsonlWriter(out / f"proxy-{welcome.shard}.jsonl" if out else None)
-        core = ProxyCore(cfg, attack, welcome, metrics)
         if shard is not None and welcome.shard != shard:
             raise ConfigError(f"{options.server} serves shard {welcome.shard}, not --shard {shard}")
-        front_curve = keys.server_curve(welcome.shard) if keys else None
-        front, endpoint = bind_router(ctx, options.bind, front_curve)
-        max_bytes = largest_message(welcome.stop - welcome.start)
+        largest = largest_message(welcome.stop - welcome.start)
+        front = Listener(ctx, options.bind, keys.front_curve(welcome.shard) if keys else None,
+                         largest)
+        core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar)
         log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
-                 welcome.start, welcome.stop, endpoint, options.server, attack.proxy_attack)
-        write_ready_file(process.ready_file, endpoint)
+                 welcome.start, welcome.stop, front.endpoint, options.server,
+                 attack.proxy_attack)
+        write_ready_file(process.ready_file, front.endpoint)
         freeze_startup_objects()
         poller = zmq.Poller()
-        poller.register(front, zmq.POLLIN)
+        poller.register(front.sock, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
         try:
             while not core.finished:
                 check_stop()
                 events = dict(poller.poll(POLL_MS))
                 outgoing = []
-                if front in events:
-                    outgoing += core.from_worker(
-                        receive(front, max_bytes, authenticated=front_curve is not None))
+                if front.sock in events:
+                    outgoing += core.from_worker(front.receive(), time.monotonic())
                 if back in events:
-                    outgoing += core.from_server(receive(back, max_bytes))
+                    outgoing += core.from_server(receive(back, largest))
+                for identity, why in front.offences():
+                    core.offence(identity, why, time.monotonic())
                 for o in outgoing:
-                    send_frames(back if o.to_server else front, o.frames)
+                    send_frames(back if o.to_server else front.sock, o.frames)
             log.info("the last round's pushes were all acknowledged; exiting")
         finally:
             metrics.close()
     finally:
         if front is not None:
-            front.close(linger=LINGER_MS)
+            front.close()
         back.close(linger=LINGER_MS)
         shut_down(ctx)

@@ -84,6 +84,7 @@ class RawPeer:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
+        self.unanswered = 0  # messages ask_all saw no reply to
 
     def send(self, frames: list[bytes]) -> None:
         self.sock.send_multipart(frames, copy=False)
@@ -103,15 +104,34 @@ class RawPeer:
         self.send(frames)
         return self.replies(1)[0]
 
-    def ask_all(self, messages: list[list[bytes]], window: int = 8) -> list[Header]:
+    def ask_all(self, messages: list[list[bytes]], window: int = 8,
+                quiet_s: float = 1.0) -> list[Header]:
         """Send ``messages``, at most ``window`` unanswered at a time (what piles up in
-        the node's queues stays small), and return their replies."""
+        the node's queues stays small), and return the replies that came. A node answers
+        a peer's refusals beyond its rate not at all (``common/budgets.py``): once
+        ``quiet_s`` passes without a reply, what is outstanding counts as unanswered
+        (``self.unanswered``)."""
         out: list[Header] = []
-        for i, frames in enumerate(messages):
-            if i - len(out) >= window:
-                out += self.replies(1)
+        outstanding = 0
+        for frames in messages:
+            while outstanding >= window:
+                outstanding = self._collect(out, outstanding, quiet_s)
             self.send(frames)
-        return out + self.replies(len(messages) - len(out))
+            outstanding += 1
+        while outstanding:
+            outstanding = self._collect(out, outstanding, quiet_s)
+        return out
+
+    def _collect(self, out: list[Header], outstanding: int, quiet_s: float) -> int:
+        """One more reply into ``out``, or none within ``quiet_s``: what is outstanding
+        then was dropped. How many remain outstanding."""
+        if not self.sock.poll(int(quiet_s * 1000), zmq.POLLIN):
+            self.unanswered += outstanding
+            return 0
+        frames = self.sock.recv_multipart()
+        assert frames[0] == b"", frames[:2]
+        out.append(decode(frames[1:]).header)
+        return outstanding - 1
 
     def quiet(self, timeout_s: float) -> bool:
         """Nothing arrives within ``timeout_s``."""

@@ -15,6 +15,7 @@ import pytest
 
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
+from common.keys import KeyRing
 from common.metrics import read_jsonl
 from common.settings import SERVER, to_argv
 from ps.launcher.processes import ManagedProcess
@@ -74,7 +75,7 @@ def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_pa
         assert [r["round"] for r in rounds] == list(range(CFG.rounds))
         assert rounds[-1]["missing"] == [2]  # the straggler is back; the killed one is not
         assert all(sorted(r["workers"] + r["missing"]) == list(range(5)) for r in rounds)
-    params = final_parameters(tmp_path, CFG.num_shards)
+    params = final_parameters(tmp_path, CFG, None)  # --insecure servers
     replayed = _reference(CFG, tmp_path)
     assert replayed.digest == params_digest(params)
     # the quorum costs little accuracy: against the run without faults
@@ -151,4 +152,5 @@ def test_a_run_whose_launcher_was_killed_resumes_bit_identical(processes, tmp_pa
     # and the same as a run never interrupted (no round closed short here)
     cfg = RunConfig(dataset="synthetic", num_workers=4, num_shards=2, rule="mean", q=0,
                     rounds=60, seed=5).validate()
-    np.testing.assert_array_equal(final_parameters(out, 2), _reference(cfg, out, False).params)
+    np.testing.assert_array_equal(final_parameters(out, cfg, KeyRing(out / "keys")),
+                                  _reference(cfg, out, False).params)

@@ -332,7 +332,7 @@ def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_
 
     wait_for(finished, RUN_DEADLINE_S, f"the run of {cfg.rounds} rounds to finish")
 
-    params = final_parameters(out, num_shards)
+    params = final_parameters(out, cfg, KeyRing(keys))
     torch.set_num_threads(1)  # the processes use one thread; so must the reference
     participation = read_participation(out, num_shards, n, cfg.rounds)
     assert participation.rounds_closed_short == 0
@@ -478,16 +478,12 @@ def test_a_worker_waits_for_a_server_that_is_not_up_yet_behind_a_relay(
     assert len(read_jsonl(tmp_path / "server-0.jsonl")) == HANDSHAKE_CFG.rounds
 
 
-def _status(endpoint: str, keys: Path) -> StatusReply:
-    """Ask a server for its state, with the evaluator's key."""
-    sock = connect_dealer(zmq.Context.instance(), endpoint, 0,
-                          KeyRing(keys).client_curve("evaluator", 0))
-    try:
-        sock.send_multipart([b"", *encode(Status())])
-        assert sock.poll(10_000), f"no STATUS reply from {endpoint}"
-        return decode(sock.recv_multipart()[1:]).header
-    finally:
-        sock.close(linger=0)
+def _status(sock: zmq.Socket) -> StatusReply:
+    """Ask a server for its state on ``sock`` (one connection for all the polls: a key
+    may start 20 handshakes per 10 s, common/admission.py)."""
+    sock.send_multipart([b"", *encode(Status())])
+    assert sock.poll(10_000), "no STATUS reply"
+    return decode(sock.recv_multipart()[1:]).header
 
 
 DROP_CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
@@ -510,12 +506,18 @@ def test_a_connection_lost_with_a_push_in_flight_is_resent_without_waiting_the_t
     first = processes.start("worker-0", "worker.cli", [
         "--servers", f"tcp://{where}", "--worker-id", "0", "--timeout", "60", *flags])
 
+    monitor = connect_dealer(zmq.Context.instance(), endpoint, 0,
+                             KeyRing(Path(keys[1])).client_curve("evaluator", 0))
+
     def parked() -> bool:  # round 0 waits for worker 1; worker 0's push is in
         if first.returncode is not None:
             pytest.fail(f"worker 0 exited {first.returncode}: {first.tail()}")
-        return _status(endpoint, Path(keys[1])).pushes == [0]
+        return _status(monitor).pushes == [0]
 
-    wait_for(parked, 60, "worker 0's push of round 0")
+    try:
+        wait_for(parked, 60, "worker 0's push of round 0")
+    finally:
+        monitor.close(linger=0)
     relays[0].signal(signal.SIGKILL)
     assert relays[0].wait(10)
     assert _relay(relays, tmp_path, _hostport(endpoint), "--delay-ms", "5",

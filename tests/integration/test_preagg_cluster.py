@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from common.config import AttackConfig, RunConfig
+from common.keys import KeyRing
 from common.metrics import read_jsonl
 from common.settings import SERVER, to_argv
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
-from server.checkpoint import checkpoint_path, load_checkpoint
+from server.checkpoint import final_parameters, read_run_checkpoint
 from tests.integration.conftest import wait_for
 from worker.options import ClientOptions, EvalOptions
 
@@ -103,7 +104,8 @@ def test_a_killed_centered_clipping_server_resumes_with_its_state(processes, tmp
     wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 10, 60, "round 10")
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)
-    ckpt = load_checkpoint(checkpoint_path(tmp_path, 1))
+    ring = KeyRing(tmp_path / "keys")
+    ckpt = read_run_checkpoint(tmp_path, CC_CFG, 1, ring, finite=True)
     assert 8 <= ckpt.round < CC_CFG.rounds and set(ckpt.rule_state) == {"center"}
 
     restarted, _ = server(1, e1, "--resume")
@@ -111,8 +113,7 @@ def test_a_killed_centered_clipping_server_resumes_with_its_state(processes, tmp
         assert processes.wait_exit(w, 120) == 0, w.tail()
     assert processes.wait_exit(restarted, 60) == 0
     assert any("resumed from" in line for line in restarted.tail(40))
-    params = np.concatenate([load_checkpoint(checkpoint_path(tmp_path, s)).params
-                             for s in range(2)])
+    params = final_parameters(tmp_path, CC_CFG, ring)
     torch.set_num_threads(1)
     reference = simulate(CC_CFG, AttackConfig().validate(CC_CFG))
     np.testing.assert_array_equal(params, reference.params)

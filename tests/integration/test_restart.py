@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from common.config import AttackConfig, RunConfig
+from common.keys import KeyRing
 from common.metrics import read_jsonl
 from common.settings import SERVER, to_argv
 from ps.reference.engine import simulate
-from server.checkpoint import checkpoint_path, load_checkpoint
+from server.checkpoint import final_parameters, read_run_checkpoint
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,8 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)
     reached = rounds_done()
-    killed_at = load_checkpoint(checkpoint_path(tmp_path, 1)).round
+    ring = KeyRing(tmp_path / "keys")
+    killed_at = read_run_checkpoint(tmp_path, CFG, 1, ring, finite=True).round
     assert 10 <= killed_at < CFG.rounds
 
     restarted, _ = _server(processes, tmp_path, 1, e1, "--resume", "--checkpoint-every", "5")
@@ -64,9 +66,7 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     if reached > killed_at:  # the workers were ahead of the checkpoint: they replayed
         assert all(any("replaying" in line for line in w.tail(400)) for w in workers)
 
-    params = np.concatenate([load_checkpoint(checkpoint_path(tmp_path, s)).params
-                             for s in range(2)])
-    assert load_checkpoint(checkpoint_path(tmp_path, 1)).round == CFG.rounds
+    params = final_parameters(tmp_path, CFG, ring)  # every shard at the last round
     torch.set_num_threads(1)
     reference = simulate(CFG, AttackConfig().validate(CFG))
     np.testing.assert_array_equal(params, reference.params)
@@ -104,8 +104,7 @@ def test_killed_proxy_restarts_and_the_run_ends_bit_identical(processes, tmp_pat
         assert processes.wait_exit(w, 180) == 0, w.tail()
     assert processes.wait_exit(restarted, 60) == 0
 
-    params = np.concatenate([load_checkpoint(checkpoint_path(tmp_path, s)).params
-                             for s in range(2)])
+    params = final_parameters(tmp_path, CFG, KeyRing(tmp_path / "keys"))
     torch.set_num_threads(1)
     reference = simulate(CFG, attack.validate(CFG))
     assert reference.corrupted_values > 0

@@ -50,8 +50,22 @@ def test_hash_is_stable_and_sensitive() -> None:
     assert a.config_hash != b.config_hash
     assert a.differences(b.to_dict()) == ["lr: 0.1 != 0.05"]
     assert RunConfig(**a.to_dict()) == a
-    assert "bogus: '<missing>' != 1" in a.differences({**a.to_dict(), "bogus": 1})
-    assert "b'x': '<missing>' != 1" in a.differences({b"x": 1})  # a peer's odd keys
+    assert a.differences({**a.to_dict(), "bogus": 1}) == [
+        "1 setting(s) this version does not know"]
+    odd = a.differences({b"x": 1})  # a peer's odd keys: counted, never echoed
+    assert "lr: 0.1 != '<missing>'" in odd and odd[-1].startswith("1 setting(s)")
+
+
+def test_differences_look_up_only_the_known_names() -> None:
+    """A HELLO's map of thousands of names (the decoder refuses more than 64 entries;
+    the rule holds beyond) is compared by this configuration's own names only, and a
+    peer's long value is cut short."""
+    a = RunConfig().validate()
+    flood = {f"name-{i}": i for i in range(3000)} | {"lr": "x" * 10_000}
+    out = a.differences(flood)
+    assert out[-1] == "3000 setting(s) this version does not know"
+    assert len(out) == len(a.to_dict()) + 1
+    assert max(len(line) for line in out) < 200
 
 
 @pytest.mark.parametrize(

@@ -180,3 +180,30 @@ def test_encode_checks_the_tensor() -> None:
         encode(Push(round=0, worker=0, length=3))
     with pytest.raises(ValueError):
         encode(Pull(round=0, worker=0), np.zeros(1, dtype=np.float32))
+
+
+def _hello_with_config(config: object) -> bytes:
+    return msgpack.packb({"v": PROTOCOL_VERSION, "op": int(Op.HELLO), "role": "worker",
+                          "worker": 0, "config_hash": "0" * 16, "config": config})
+
+
+@pytest.mark.parametrize(("config", "what"), [
+    ({f"k{i}": i for i in range(7000)}, "map"),  # 7,000 entries, 61 KB: under the size cap
+    ({"k": "x" * 5000}, "string"),
+    ({"k": b"\0" * 10}, "bin"),
+], ids=["7000-entry-map", "5000-char-string", "bytes"])
+def test_headers_holding_oversized_containers_are_refused_while_decoding(config, what) -> None:
+    """msgpack's own bounds refuse them before any Python object is built for them
+    (a 7,000-entry map used to cost a shard's thread up to 29 ms)."""
+    raw = _hello_with_config(config)
+    assert len(raw) <= MAX_HEADER_BYTES  # (arrays: the size cap bounds them, 64K entries)
+    with pytest.raises(ProtocolError, match="undecodable header"):
+        decode([raw])
+
+
+def test_a_hello_with_the_runs_own_settings_still_decodes() -> None:
+    from common.config import RunConfig
+
+    cfg = RunConfig().validate()
+    header = Hello(role="worker", worker=0, config_hash=cfg.config_hash, config=cfg.to_dict())
+    assert decode(encode(header)).header == header

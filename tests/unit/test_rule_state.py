@@ -14,7 +14,7 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.rules import make_rule
 from common.seeding import derive_rng
-from server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from server.checkpoint import Checkpoint, Expected, load_checkpoint, save_checkpoint
 from server.core import ServerCore
 from server.options import ServerOptions
 from server.shard import ShardState
@@ -59,10 +59,10 @@ def test_a_resumed_server_ends_bit_identical_to_an_uninterrupted_one(tmp_path: P
     first = core()
     run_rounds(first.state, 4)
     path = tmp_path / "shard-1.npz"
-    save_checkpoint(path, first.snapshot())
+    save_checkpoint(path, first.snapshot(), key=None)
     del first  # the process dies here
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, key=None, expect=Expected.of(CFG, SHARD, size=6))
     assert ckpt.round == 4 and set(ckpt.rule_state) == {"center"}
     resumed = core()
     resumed.restore(ckpt)
@@ -97,12 +97,13 @@ def test_a_state_of_the_wrong_size_is_refused() -> None:
 def test_checkpoint_files_round_trip_the_rule_state(tmp_path: Path) -> None:
     path = tmp_path / "shard-0.npz"
     center = np.arange(4, dtype=np.float32)
+    expect = Expected(shard=0, rounds=9, config_hash="h", size=4)
     save_checkpoint(path, Checkpoint(0, 3, "h", np.ones(4, dtype=np.float32),
-                                     rule_state={"center": center}))
-    loaded = load_checkpoint(path)
+                                     rule_state={"center": center}), key=b"k" * 32)
+    loaded = load_checkpoint(path, key=b"k" * 32, expect=expect)
     np.testing.assert_array_equal(loaded.rule_state["center"], center)
-    save_checkpoint(path, Checkpoint(0, 3, "h", np.ones(4, dtype=np.float32)))
-    assert load_checkpoint(path).rule_state == {}
+    save_checkpoint(path, Checkpoint(0, 3, "h", np.ones(4, dtype=np.float32)), key=None)
+    assert load_checkpoint(path, key=None, expect=expect).rule_state == {}
 
 
 def test_a_partial_round_carries_the_state_through_its_own_rule() -> None:

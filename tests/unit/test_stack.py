@@ -1,9 +1,10 @@
 """The Docker Swarm stack (``docker/stack.yml``, ``ps/deploy/stack.py``).
 
-The stack is derived from ``docker/cluster.env`` like the compose file: the services,
-the worker replicas and their ids from the task slot, the keys as secrets (each service
-exactly the key files its process loads, none in an environment), placement, restart
-policy and volume; ``docker/gen_stack.py --check`` keeps the committed file current.
+The stack is derived from ``docker/cluster.env`` like the compose file: the services
+(one per worker, its id fixed), the keys as secrets (each service exactly the key files
+its process loads, none in an environment), placement, restart policy and volumes;
+``docker/gen_stack.py --check`` keeps the committed file current. (What each container
+can read and write and its limits: ``tests/unit/test_deploy_isolation.py``.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from ps.deploy.stack import (
     ARGS_MARK,
     KEYS_MARK,
     SECRETS_DIR,
-    TASK_SLOT,
     main,
     render,
     service_keys,
@@ -53,29 +53,29 @@ def test_services_replicas_and_network() -> None:
     n, s = dep.cfg.num_workers, dep.cfg.num_shards
     spec = stack_spec(dep)
     services = spec["services"]
-    assert list(services) == [*(f"server-{k}" for k in range(s)), "proxy-0", "worker",
-                              "evaluator"]
-    assert services["worker"]["deploy"]["replicas"] == n == 8
-    for name, service in services.items():
-        assert service["deploy"]["replicas"] == (n if name == "worker" else 1)
+    assert list(services) == [*(f"server-{k}" for k in range(s)), "proxy-0",
+                              *(f"worker-{i}" for i in range(n)), "evaluator"]
+    for service in services.values():
+        assert service["deploy"]["replicas"] == 1
         assert service["networks"] == ["byzps"]
         assert service["deploy"]["endpoint_mode"] == "dnsrr"
-        assert service["environment"]["PS_LOG_NAME"] == name
         assert service["environment"]["PS_WORKERS"] == str(n)
+        assert "PS_LOG_NAME" not in service["environment"]
     assert spec["networks"] == {"byzps": {"driver": "overlay", "attachable": True}}
     # servers by their stable names; the workers reach shard 0 through its proxy
-    assert services["worker"]["environment"]["PS_SERVERS"] == ",".join(
-        ["tcp://proxy-0:5550", *(f"tcp://server-{k}:5550" for k in range(1, s))])
+    for i in range(n):
+        assert services[f"worker-{i}"]["environment"]["PS_SERVERS"] == ",".join(
+            ["tcp://proxy-0:5550", *(f"tcp://server-{k}:5550" for k in range(1, s))])
     assert services["evaluator"]["environment"]["PS_SERVERS"] == ",".join(
         f"tcp://server-{k}:5550" for k in range(s))
     assert services["proxy-0"]["environment"]["PS_PROXY_SERVER"] == "tcp://server-0:5550"
     assert services["proxy-0"]["environment"]["PS_PROXY_ATTACK"] == "gambler"
-    assert "healthcheck" in services["server-0"] and "healthcheck" not in services["worker"]
+    assert "healthcheck" in services["server-0"] and "healthcheck" not in services["worker-0"]
 
     env = {**read_env(ENV_FILE), "PS_PROXY_ATTACK": "none"}
     no_proxy = stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))["services"]
     assert "proxy-0" not in no_proxy
-    assert no_proxy["worker"]["environment"]["PS_SERVERS"].startswith("tcp://server-0:5550")
+    assert no_proxy["worker-0"]["environment"]["PS_SERVERS"].startswith("tcp://server-0:5550")
     assert "proxy-0.key" not in stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))[
         "secrets"]
 
@@ -86,46 +86,39 @@ def _entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_worker_id_is_the_task_slot_minus_one() -> None:
-    env = _services()["worker"]["environment"]
-    assert env["PS_WORKER_SLOT"] == TASK_SLOT == "{{.Task.Slot}}"
-    assert "PS_WORKER_ID" not in env and "PS_WORKER_ATTACK" not in env
-    show = 'echo "$PS_WORKER_ID $PS_LOG_NAME ${PS_WORKER_ATTACK:-honest}"'
-    for slot in (1, 2, 8):
-        done = _entrypoint({"PS_WORKER_SLOT": str(slot), "PS_LOG_NAME": "worker",
-                            "PS_WORKER_ID": "99"}, "sh", "-c", show)
-        assert done.stdout.split() == [str(slot - 1), f"worker-{slot - 1}", "honest"]
-    for bad in ("0", "x", "-1", "1.5"):
-        done = _entrypoint({"PS_WORKER_SLOT": bad}, "sh", "-c", show)
-        assert done.returncode == 2 and "PS_WORKER_SLOT" in done.stderr
+def test_each_worker_service_has_its_fixed_id() -> None:
+    services = _services()
+    for i in range(8):
+        env = services[f"worker-{i}"]["environment"]
+        assert env["PS_WORKER_ID"] == str(i)
+        assert "PS_WORKER_SLOT" not in env and "PS_WORKER_ATTACK" not in env
 
 
 def test_byzantine_workers_through_the_generator_options() -> None:
-    env = _services(byzantine_workers=[6, 7], worker_attack="alie")["worker"]["environment"]
-    assert env["PS_WORKER_ATTACK"] == "alie" and env["PS_BYZANTINE_WORKERS"] == "6,7"
-    show = 'echo "$PS_WORKER_ID ${PS_WORKER_ATTACK:-honest}"'
-    for slot in range(1, 9):
-        done = _entrypoint({"PS_WORKER_SLOT": str(slot), "PS_WORKER_ATTACK": "alie",
-                            "PS_BYZANTINE_WORKERS": env["PS_BYZANTINE_WORKERS"]},
-                           "sh", "-c", show)
-        assert done.stdout.split() == [str(slot - 1), "alie" if slot - 1 in (6, 7) else "honest"]
+    services = _services(byzantine_workers=[6, 7], worker_attack="alie")
+    for i in range(8):
+        env = services[f"worker-{i}"]["environment"]
+        if i in (6, 7):
+            assert env["PS_WORKER_ATTACK"] == "alie" and env["PS_BYZANTINE_WORKERS"] == "6,7"
+        else:
+            assert "PS_WORKER_ATTACK" not in env
 
 
-@pytest.mark.parametrize("slot", [1, 7])
-def test_a_replica_of_a_byzantine_stack_passes_the_worker_checks(slot: int,
-                                                                 tmp_path: Path) -> None:
-    """ps-worker itself accepts the replica's environment (an honest replica with the
-    stack's attack settings is refused without the entrypoint's step): it gets past its
-    configuration checks and gives up on the unreachable servers (exit 4, not 2)."""
-    env = dict(_services(byzantine_workers=[6, 7], worker_attack="alie")["worker"]
+@pytest.mark.parametrize("worker", [0, 6])
+def test_a_worker_of_a_byzantine_stack_passes_the_worker_checks(worker: int,
+                                                                tmp_path: Path) -> None:
+    """ps-worker itself accepts the service's environment, through the image's
+    entrypoint: it gets past its configuration checks and gives up on the unreachable
+    servers (exit 4, not 2)."""
+    env = dict(_services(byzantine_workers=[6, 7], worker_attack="alie")[f"worker-{worker}"]
                ["environment"])
     del env["PS_KEYS"]
-    env.update({"PS_WORKER_SLOT": str(slot), "PS_INSECURE": "1", "PS_DATASET": "synthetic",
+    env.update({"PS_INSECURE": "1", "PS_DATASET": "synthetic",
                 "PS_SERVERS": ",".join(["tcp://127.0.0.1:9"] * 4), "PS_TIMEOUT": "0.2",
                 "PS_RETRIES": "0", "PS_OUT_DIR": str(tmp_path)})
     done = _entrypoint(env, sys.executable, "-m", "worker.cli")
     assert done.returncode == 4, done.stdout + done.stderr
-    log = (tmp_path / "logs" / f"worker-{slot - 1}.log").read_text()
+    log = done.stdout + done.stderr
     assert "no reply" in log and "not in --byzantine-workers" not in log
 
 
@@ -136,8 +129,7 @@ EXPECTED_KEYS = {
                  "evaluator.key"],
     "proxy-0": ["proxy-0.key_secret", "server-0.key_secret", "server-0.key",
                 *(f"worker-{i}.key" for i in range(8))],
-    "worker": [*(f"worker-{i}.key_secret" for i in range(8)),
-               *(f"server-{k}.key" for k in range(4))],
+    "worker-3": ["worker-3.key_secret", *(f"server-{k}.key" for k in range(4))],
     "evaluator": ["evaluator.key_secret", *(f"server-{k}.key" for k in range(4))],
 }
 
@@ -156,7 +148,7 @@ def test_secrets_per_service(tmp_path: Path) -> None:
             assert (mount["uid"], mount["gid"]) == ("1000", "1000")
             assert mount["mode"] == (0o400 if mount["source"].endswith("_secret") else 0o444)
         assert sum(m["source"].endswith(".key_secret") for m in service["secrets"]) == (
-            8 if name == "worker" else 2 if name.startswith("proxy") else 1)
+            2 if name.startswith("proxy") else 1)
     # the secrets the stack declares are the files `ps-keys` writes with the header's
     # arguments, all external and named <prefix>-<file>
     text = render(dep, DEFAULT)
@@ -177,7 +169,7 @@ def test_secrets_per_service(tmp_path: Path) -> None:
 
 def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
     """What the process of ``service`` loads from its key directory."""
-    s, n = dep.cfg.num_shards, dep.cfg.num_workers
+    s = dep.cfg.num_shards
     if service.startswith("server-"):
         curve = ring.server_curve(int(service.split("-")[1]))
         return curve.public, curve.secret, sorted(i.name for i in curve.clients.values())
@@ -186,8 +178,8 @@ def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
         front = ring.server_curve(k)
         return (ring.client_curve(service, k), front.secret,
                 sorted(i.name for i in front.clients.values()))
-    if service == "worker":
-        return [ring.client_curve(f"worker-{i}", k) for i in range(n) for k in range(s)]
+    if service.startswith("worker-"):
+        return [ring.client_curve(service, k) for k in range(s)]
     return [ring.client_curve("evaluator", k) for k in range(s)]
 
 
@@ -235,18 +227,18 @@ def test_no_key_material_in_any_environment(tmp_path: Path) -> None:
         assert not any(m in render(_dep(**options), options) for m in material)
 
 
-def test_placement_restart_policy_and_volume() -> None:
+def test_placement_restart_policy_and_volumes() -> None:
     spec = stack_spec(_dep())
     for name, service in spec["services"].items():
         assert service["deploy"]["restart_policy"] == {
             "condition": "on-failure", "delay": "5s", "max_attempts": 3}
-        assert service["volumes"] == ["runs:/runs"]
+        assert service["volumes"][0] == f"runs-{name}:/runs"  # its own volume
         assert service["environment"]["PS_OUT_DIR"] == "/runs"
         assert service["cap_drop"] == ["ALL"]
-        assert ("placement" in service["deploy"]) == (name == "worker")
-    assert spec["services"]["worker"]["deploy"]["placement"] == {
+        assert ("placement" in service["deploy"]) == name.startswith("worker-")
+    assert spec["services"]["worker-0"]["deploy"]["placement"] == {
         "preferences": [{"spread": "node.labels.zone"}]}
-    assert spec["volumes"] == {"runs": {}}
+    assert spec["volumes"] == {f"runs-{name}": {} for name in spec["services"]}
     # a restarted server resumes its checkpoint
     assert spec["services"]["server-0"]["environment"]["PS_RESUME"] == "1"
 
@@ -286,6 +278,6 @@ def test_check_detects_a_changed_env_file(tmp_path: Path,
         assert main(["--check", "-o", str(out)]) == 0
     env.write_text(re.sub(r"^PS_WORKERS=.*$", "PS_WORKERS=6", env.read_text(), flags=re.M))
     assert main(["--env-file", str(env), "-o", str(out)]) == 0
-    assert '"replicas": 6' not in out.read_text() and "replicas: 6" in out.read_text()
+    assert "  worker-5:" in out.read_text() and "  worker-6:" not in out.read_text()
     env.write_text(env.read_text() + "PS_NOT_A_SETTING=1\n")
     assert main(["--check", "-o", str(out)]) == 2

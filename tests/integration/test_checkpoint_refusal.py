@@ -1,0 +1,165 @@
+"""A real ``ps-server --resume`` on a checkpoint it did not write, or one that was
+altered, exits 2 with one line naming the file and the reason (a supervisor does not
+restart exit 2: no crash loop), and leaves the file as it was; on the checkpoint a real
+server wrote, it resumes."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import signal
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED
+from common.keys import KeyRing
+from common.settings import SERVER, to_argv
+from ps.launcher.cluster import restartable
+from server.checkpoint import checkpoint_path, read_run_checkpoint, seal
+from tests.integration.conftest import Processes
+
+pytestmark = pytest.mark.integration
+
+CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=2, rule="marmed",
+                rounds=5, seed=3).validate()
+
+
+def _start(processes: Processes, name: str, out: Path, shard: int, security: list[str],
+           *extra: str):
+    ready = out / f"{name}.endpoint"
+    return processes.start(name, "server.cli", [
+        "--shard", str(shard), "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(out), "--linger", "0", *security, *extra,
+        *to_argv(CFG, SERVER)]), ready
+
+
+def _stopped_server(processes: Processes, name: str, out: Path, shard: int,
+                    security: list[str], *extra: str) -> list[str]:
+    """Start a server, wait until it listens, stop it (it saves its checkpoint on the
+    way out); its log."""
+    proc, ready = _start(processes, name, out, shard, security, *extra)
+    processes.endpoint(ready, proc)
+    proc.signal(signal.SIGTERM)
+    assert processes.wait_exit(proc, 60) == EXIT_INTERRUPTED, proc.tail()
+    return proc.tail(40)
+
+
+def _refused(processes: Processes, name: str, out: Path, shard: int, security: list[str],
+             reason: str) -> str:
+    """``ps-server --resume`` exits 2 with one line naming the checkpoint and
+    ``reason``, and no traceback; the checkpoint is left as it was. The line."""
+    path = checkpoint_path(out, shard)
+    before = path.read_bytes()
+    proc, _ = _start(processes, name, out, shard, security, "--resume")
+    code = processes.wait_exit(proc, 60)
+    log = proc.tail(200)
+    assert code == EXIT_CONFIG, log
+    assert not restartable(code)  # ps-cluster does not restart it
+    lines = [line for line in log if "refused" in line]
+    assert len(lines) == 1, log
+    assert lines[0].startswith(f"error: checkpoint {path} refused: "), lines[0]
+    assert reason in lines[0], lines[0]
+    assert not any("Traceback" in line for line in log), log
+    assert path.read_bytes() == before
+    return lines[0]
+
+
+@pytest.fixture
+def keyed_run(processes: Processes, tmp_path: Path, run_keys) -> tuple[Path, list[str]]:
+    """Both servers of a keyed run started and stopped: their checkpoints, as they
+    wrote them, in ``tmp_path / "run"``."""
+    security = run_keys(CFG.num_shards, CFG.num_workers)
+    out = tmp_path / "run"
+    for s in range(CFG.num_shards):
+        _stopped_server(processes, f"first-{s}", out, s, security)
+    return out, security
+
+
+def test_a_checkpoint_a_keyed_server_wrote_resumes(processes, keyed_run, tmp_path) -> None:
+    out, security = keyed_run
+    ring = KeyRing(tmp_path / "keys")
+    assert read_run_checkpoint(out, CFG, 1, ring, finite=True).round == 0
+    log = _stopped_server(processes, "again-1", out, 1, security, "--resume")
+    assert any(f"resumed from {checkpoint_path(out, 1)} at round 0" in line for line in log)
+
+
+def test_a_flipped_byte_is_refused_by_the_mac(processes, keyed_run) -> None:
+    out, security = keyed_run
+    path = checkpoint_path(out, 1)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04  # somewhere in the parameters
+    path.write_bytes(bytes(data))
+    _refused(processes, "flipped", out, 1, security,
+             "MAC mismatch: not written with server-1's key")
+
+
+def test_a_checkpoint_of_another_shards_server_is_refused(processes, keyed_run) -> None:
+    out, security = keyed_run
+    shutil.copyfile(checkpoint_path(out, 0), checkpoint_path(out, 1))
+    _refused(processes, "swapped", out, 1, security,
+             "MAC mismatch: not written with server-1's key")
+
+
+def test_a_corrupt_zip_is_refused(processes, keyed_run) -> None:
+    out, security = keyed_run
+    path = checkpoint_path(out, 1)
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # what crashed servers with BadZipFile
+    _refused(processes, "corrupt", out, 1, security, "an old-format checkpoint (a plain .npz "
+             "with no MAC), which this version does not resume")
+    path.write_bytes(b"")
+    _refused(processes, "empty", out, 1, security, "the file is empty")
+
+
+def test_an_unkeyed_checkpoint_is_refused_by_a_keyed_server(processes, keyed_run) -> None:
+    out, security = keyed_run
+    path = checkpoint_path(out, 1)
+    with io.BytesIO() as buffer:
+        np.savez(buffer, shard=np.int64(1), round=np.int64(0),
+                 config_hash=np.array(CFG.config_hash), params=np.zeros(3, np.float32))
+        path.write_bytes(seal(buffer.getvalue(), None))
+    _refused(processes, "unkeyed", out, 1, security, "written without a key")
+
+
+def _forged(path: Path, **members: object) -> None:
+    """What anyone can write where servers run --insecure: a valid unkeyed digest."""
+    with io.BytesIO() as buffer:
+        np.savez(buffer, **members)
+        path.write_bytes(seal(buffer.getvalue(), None))
+
+
+def test_an_insecure_server_refuses_what_crashed_it_before(processes, tmp_path) -> None:
+    out = tmp_path / "run"
+    insecure = ["--insecure"]
+    _stopped_server(processes, "first", out, 1, insecure)
+    path = checkpoint_path(out, 1)
+    size = read_run_checkpoint(out, CFG, 1, None, finite=True).params.size
+    good = {"shard": np.int64(1), "round": np.int64(2), "config_hash": np.array(CFG.config_hash),
+            "params": np.zeros(size, np.float32), "previous": np.zeros(size, np.float32)}
+    path.write_bytes(seal(b"PK garbage", None))
+    _refused(processes, "badzip", out, 1, insecure, "its archive is unreadable (BadZipFile")
+    _forged(path, **{**good, "shard": np.array([1, 1])})
+    _refused(processes, "shape", out, 1, insecure,
+             "member 'shard.npy' is int64 ('<i8') of shape (2,), expected an int64 scalar")
+    # float64 1e300 would be inf as float32 (half as many, so that its bytes fit)
+    _forged(path, **{**good, "params": np.full(size // 2, 1e300)})
+    _refused(processes, "huge", out, 1, insecure, "member 'params.npy' has dtype float64")
+    _forged(path, **{**good, "round": np.int64(CFG.rounds + 1)})
+    _refused(processes, "round", out, 1, insecure, f"round {CFG.rounds + 1} outside 0..5")
+    # a header declaring 4e12 values (16 TB): refused before anything is allocated
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000000,), }"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    declared = (b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+                + b"\0" * 64)
+    members = io.BytesIO()
+    with zipfile.ZipFile(members, "w") as archive:
+        for name, value in good.items():
+            with io.BytesIO() as one:
+                np.save(one, value)
+                archive.writestr(name + ".npy", declared if name == "params" else one.getvalue())
+    path.write_bytes(seal(members.getvalue(), None))
+    _refused(processes, "declared", out, 1, insecure,
+             f"member 'params.npy' declares shape (4000000000000,), expected ({size},)")

@@ -1,0 +1,230 @@
+"""Byzantine insiders through real processes: a key holder cannot impersonate beyond its
+scope, exhaust a server's memory or disk, or make every round wait for a worker that is
+gone."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from common.config import AttackConfig, RunConfig
+from common.keys import KeyRing, create_keys
+from common.metrics import read_jsonl
+from common.protocol import Error, Hello, Status, Welcome, decode, encode
+from common.settings import SERVER, to_argv
+from common.transport import connect_dealer
+from ps.reference.engine import simulate
+from ps.reference.participation import read_participation
+from server.checkpoint import final_parameters, params_digest
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+CFG = RunConfig(dataset="synthetic", num_workers=6, num_shards=2, rule="marmed", q=1,
+                rounds=40, seed=4).validate()
+DEADLINE_S = 2.0
+QUORUM = ["--round-timeout", str(DEADLINE_S), "--quorum", "5"]
+
+
+def start_servers(processes, out: Path, keys: Path, *extra: str) -> list[str]:
+    endpoints = []
+    for s in range(CFG.num_shards):
+        ready = out / f"server-{s}.endpoint"
+        proc = processes.start(f"server-{s}", "server.cli", [
+            "--shard", str(s), "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+            "--out-dir", str(out), "--linger", "0", "--keys", str(keys),
+            "--log-file", str(out / f"server-{s}.log"), *extra, *to_argv(CFG, SERVER)])
+        endpoints.append(processes.endpoint(ready, proc))
+    return endpoints
+
+
+def start_workers(processes, endpoints: list[str], keys: Path, ids) -> list:
+    return [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", ",".join(endpoints), "--worker-id", str(i), "--timeout", "30",
+        "--keys", str(keys), *to_argv(CFG, SERVER)]) for i in ids]
+
+
+def handshake_refused(sock: zmq.Socket, timeout_s: float = 10.0) -> bool:
+    """The socket's CURVE handshake was refused (True) or succeeded (False)."""
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    try:
+        if not monitor.poll(int(timeout_s * 1000)):
+            pytest.fail("no handshake event")
+        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+
+
+def ask(sock: zmq.Socket, frames: list) -> object:
+    sock.send_multipart([b"", *frames])
+    assert sock.poll(10_000), "no reply"
+    return decode(sock.recv_multipart()[1:]).header
+
+
+def test_a_proxy_key_is_refused_by_the_servers_it_does_not_front(processes, tmp_path) -> None:
+    keys = tmp_path / "keys"
+    create_keys(keys, CFG.num_shards, CFG.num_workers, proxies=(0,))
+    endpoints = start_servers(processes, tmp_path, keys)
+    ring = KeyRing(keys)
+    ctx = zmq.Context.instance()
+    hello = encode(Hello(role="proxy", worker=-1, config_hash=CFG.config_hash))
+    # at shard 1 (no proxy in front): no connection at all, whatever it would say
+    other = connect_dealer(ctx, endpoints[1], 0, ring.client_curve("proxy-0", 1))
+    try:
+        assert handshake_refused(other)
+    finally:
+        other.close(0)
+    # at shard 0, the one it fronts: it may say HELLO as the proxy itself ...
+    own = connect_dealer(ctx, endpoints[0], 0, ring.client_curve("proxy-0", 0))
+    try:
+        assert isinstance(ask(own, hello), Welcome)
+        # ... but not speak for a worker on its own connection (only relayed)
+        as_worker = Hello(role="worker", worker=3, config_hash=CFG.config_hash)
+        reply = ask(own, encode(as_worker))
+        assert isinstance(reply, Error) and reply.code == "forbidden"
+    finally:
+        own.close(0)
+
+
+def test_a_killed_worker_costs_one_deadline_not_one_per_round(processes, tmp_path) -> None:
+    keys = tmp_path / "keys"
+    create_keys(keys, CFG.num_shards, CFG.num_workers)
+    endpoints = start_servers(processes, tmp_path, keys, *QUORUM)
+    workers = start_workers(processes, endpoints, keys, range(CFG.num_workers))
+    wait_for(lambda: len(read_jsonl(tmp_path / "server-0.jsonl")) >= 5, 120, "round 5")
+    workers[4].process.send_signal(signal.SIGKILL)
+    for i in (0, 1, 2, 3, 5):
+        assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
+    for s in range(CFG.num_shards):
+        rounds = read_jsonl(tmp_path / f"server-{s}.jsonl")
+        assert [r["round"] for r in rounds] == list(range(CFG.rounds))
+        after = [r for r in rounds if 4 in r["missing"]]
+        closed = [r["closed"] for r in after]
+        # the round the kill fell in waits for its deadline; every later one closes as
+        # soon as the five others are in
+        assert closed[0] == "deadline" and set(closed[1:]) == {"present"}, closed
+        assert len(after) >= CFG.rounds - 10
+    replay = read_participation(tmp_path, CFG.num_shards, CFG.num_workers, CFG.rounds)
+    import torch
+
+    torch.set_num_threads(1)
+    reference = simulate(CFG, AttackConfig(), participation=replay)
+    ring = KeyRing(keys)
+    assert reference.digest == params_digest(final_parameters(tmp_path, CFG, ring))
+
+
+def test_a_key_holders_flood_of_refused_messages_is_budgeted(processes, tmp_path) -> None:
+    """3,000 refused messages, among them 65 KB undecodable headers: the replies stop at
+    the key's rate and the server's log stays a few lines long."""
+    keys = tmp_path / "keys"
+    create_keys(keys, CFG.num_shards, CFG.num_workers)
+    endpoints = start_servers(processes, tmp_path, keys)
+    thief = connect_dealer(zmq.Context.instance(), endpoints[0], 0,
+                           KeyRing(keys).client_curve("worker-2", 0))
+    thief.setsockopt(zmq.SNDHWM, 10_000)
+    replies = 0
+    try:
+        started = time.monotonic()
+        for i in range(3000):
+            junk = b"\xc1" + b"x" * (65_000 if i % 10 == 0 else 100)
+            thief.send_multipart([b"", junk])
+        # the server has read them all once its STATUS says so (one connection, in order)
+        while True:
+            errors, counters = _status_after(thief)
+            replies += errors
+            if counters.get("malformed", 0) >= 3000:
+                break
+            assert time.monotonic() - started < 60, "3,000 refusals not read in 60 s"
+        elapsed = time.monotonic() - started
+        while thief.poll(200):  # late replies
+            thief.recv_multipart()
+            replies += 1
+    finally:
+        thief.close(0)
+    assert 200 <= replies <= 200 + 100 * elapsed + 50  # the burst, then 100/s
+    log = (tmp_path / "server-0.log").read_text()
+    refusal_lines = [line for line in log.splitlines() if "refused a message" in line]
+    assert 1 <= len(refusal_lines) <= 1 + elapsed / 10 + 1
+    assert max(len(line) for line in log.splitlines()) < 1000
+    assert len(log) < 20_000
+
+
+def _status_after(sock: zmq.Socket) -> tuple[int, dict]:
+    """Ask the server's STATUS: (ERROR replies read before its answer, its counters)."""
+    sock.send_multipart([b"", *encode(Status())])
+    errors = 0
+    while sock.poll(10_000):
+        header = decode(sock.recv_multipart()[1:]).header
+        if not isinstance(header, Error):
+            return errors, header.counters
+        errors += 1
+    pytest.fail("no STATUS reply")
+
+
+def test_an_over_long_message_gets_its_key_barred_and_the_run_goes_on(processes,
+                                                                       tmp_path) -> None:
+    """Worker 5's key holder sends messages of 2 GB in 4 MiB frames, again and again; the
+    server cuts the first while it holds a few MB of it, bars the key (no connection of it
+    is admitted again), and the five honest workers finish the run with a quorum of 5,
+    bit-identical to the reference engine replaying who took part."""
+    keys = tmp_path / "keys"
+    create_keys(keys, CFG.num_shards, CFG.num_workers)
+    endpoints = start_servers(processes, tmp_path, keys, *QUORUM)
+    server = next(p for p in processes.started if p.name == "server-0")
+    workers = start_workers(processes, endpoints, keys, range(5))
+    wait_for(lambda: len(read_jsonl(tmp_path / "server-0.jsonl")) >= 3, 120, "round 3")
+    baseline = _rss_mb(server.pid)
+    ctx = zmq.Context()
+    ring = KeyRing(keys)
+    chunk = b"\0" * (4 << 20)
+    peak, connections = baseline, 0
+    try:
+        thief = connect_dealer(ctx, endpoints[0], 0, ring.client_curve("worker-5", 0))
+        monitor = thief.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        thief.send_multipart([b"", *encode(Status())])
+        for _ in range(3):
+            with contextlib.suppress(zmq.Again):
+                thief.send_multipart([b"", *[chunk] * 512], copy=False, flags=zmq.NOBLOCK)
+        # until a reconnection of it (libzmq retries by itself) has been refused
+        refused, deadline = 0, time.monotonic() + 60
+        while not refused:
+            assert time.monotonic() < deadline, "the barred key's reconnections not refused"
+            peak = max(peak, _rss_mb(server.pid))
+            if monitor.poll(20):
+                event = recv_monitor_message(monitor)["event"]
+                connections += event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                refused += event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        thief.disable_monitor()
+        monitor.close(0)
+        thief.close(0)
+    finally:
+        ctx.destroy(0)
+    for worker in workers:
+        assert processes.wait_exit(worker, 180) == 0, worker.tail()
+    assert connections == 1  # the first; never one after the offence
+    assert peak - baseline < 150, (baseline, peak)
+    lines = read_jsonl(tmp_path / "server-0.jsonl")
+    assert lines[-1]["barred"] == ["worker-5"] and len(lines) == CFG.rounds
+    assert "barred worker-5" in (tmp_path / "server-0.log").read_text()
+    replay = read_participation(tmp_path, CFG.num_shards, CFG.num_workers, CFG.rounds)
+    import torch
+
+    torch.set_num_threads(1)
+    reference = simulate(CFG, AttackConfig(), participation=replay)
+    assert reference.digest == params_digest(final_parameters(tmp_path, CFG, ring))
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

@@ -1,0 +1,76 @@
+"""Who the ZAP handler admits, on a fake clock: scope, bars, connections, handshake rate."""
+
+from __future__ import annotations
+
+from common.admission import Admission
+from common.budgets import LogThrottle, RateLimit, excerpt, principal_name
+from common.keys import Identity
+
+W1, W2 = Identity("worker", 1), Identity("worker", 2)
+CLIENTS = {b"key-1": W1, b"key-2": W2}
+
+
+def test_only_the_nodes_clients_are_admitted() -> None:
+    admission = Admission(CLIENTS)
+    assert admission.admit(b"key-1", 0.0).admitted
+    decision = admission.admit(b"stranger", 0.0)
+    assert not decision.admitted and decision.identity is None
+
+
+def test_a_barred_key_is_refused_for_good_the_others_not() -> None:
+    admission = Admission(CLIENTS)
+    assert admission.bar(W1, "over-long message") and not admission.bar(W1, "again")
+    decision = admission.admit(b"key-1", 1e6)
+    assert not decision.admitted and "over-long" in decision.reason
+    assert admission.admit(b"key-2", 0.0).admitted
+    assert admission.barred() == {"worker-1": "over-long message"}
+    assert admission.refused["barred"] == 1
+
+
+def test_a_key_holds_at_most_its_connections_and_gets_one_back_when_one_closes() -> None:
+    admission = Admission(CLIENTS, max_connections=2, max_handshakes=100)
+    for _ in range(2):
+        assert admission.admit(b"key-1", 0.0).admitted
+        admission.attach(W1)
+    assert not admission.admit(b"key-1", 0.0).admitted
+    assert admission.admit(b"key-2", 0.0).admitted  # per key
+    admission.detach(W1)
+    assert admission.connections(W1) == 1 and admission.admit(b"key-1", 0.0).admitted
+
+
+def test_handshakes_beyond_the_rate_are_refused_until_the_window_passes() -> None:
+    admission = Admission(CLIENTS, max_handshakes=3, window_s=10.0)
+    assert all(admission.admit(b"key-1", t).admitted for t in (0.0, 1.0, 2.0))
+    assert not admission.admit(b"key-1", 3.0).admitted  # connections never attributed
+    assert admission.admit(b"key-1", 10.5).admitted  # the first left the window
+
+
+def test_a_rate_limit_gives_the_burst_then_the_rate() -> None:
+    limit = RateLimit(rate=10.0, burst=5.0)
+    assert [limit.allow("k", 0.0) for _ in range(7)] == [True] * 5 + [False] * 2
+    assert limit.allow("k", 0.1) and not limit.allow("k", 0.1)
+    assert limit.allow("other", 0.1)
+
+
+def test_budget_tables_forget_the_least_recently_used_principal() -> None:
+    limit = RateLimit(rate=1.0, burst=1.0, limit=2)
+    throttle = LogThrottle(interval_s=10.0, limit=2)
+    for i in range(1000):  # a stream of new connections without keys
+        limit.allow(b"conn-%d" % i, 0.0)
+        throttle.admit(b"conn-%d" % i, 0.0)
+    assert len(limit._buckets) == 2 and len(throttle._last) == 2
+
+
+def test_a_log_throttle_says_how_many_lines_it_held_back() -> None:
+    throttle = LogThrottle(interval_s=10.0)
+    assert throttle.admit("k", 0.0) == 0
+    assert [throttle.admit("k", t) for t in (1.0, 2.0, 9.9)] == [None, None, None]
+    assert throttle.admit("k", 10.0) == 3
+
+
+def test_an_excerpt_of_a_peers_text_is_short_and_says_how_long_it_was() -> None:
+    assert excerpt("abc") == "abc"
+    cut = excerpt("x" * 260_000)
+    assert len(cut) < 240 and "260,000 characters" in cut
+    assert principal_name(("proxy-0", b"\x00\x01")) == "proxy-0 (relayed 0001)"
+    assert principal_name(b"\xff" * 20) == "connection " + "ff" * 8
