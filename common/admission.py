@@ -3,15 +3,17 @@
 A CURVE server's ZAP handler asks :meth:`Admission.admit` for every handshake. A key is
 admitted only if it is one of the node's clients (the keys whose scope includes the
 node's shard, ``common.keys``), is not barred, holds fewer than ``max_connections``
-connections, and has not opened more than ``max_handshakes`` connections in the last
-``window_s`` seconds (each handshake costs the node a few hundred microseconds of
-cryptography, and each connection a socket and its buffers).
+connections, and has started fewer than ``max_handshakes`` in the last ``window_s``
+seconds (each handshake costs the node a few hundred microseconds of cryptography, and
+each connection a socket and its buffers).
 
-A connection counts against its key once a message from it has been delivered (the
-in-flight guard, ``common/inflight.py``, attributes it by the message's ``User-Id``) until
-it closes; a handshake not yet attributed counts for ``window_s`` seconds. A key that
-broke a hard limit (an oversize or over-long message) is barred for the rest of the
-node's life: its handshakes are refused from then on.
+A key's connections are those the in-flight guard (``common/inflight.py``) has
+attributed to it by a delivered message (``live``, which the guard provides), plus its
+handshakes of the last ``pending_s`` seconds, which count until then whether or not a
+message named them: the guard cuts a connection that has delivered nothing after
+``pending_s`` (``IDLE_CUT_S``), so no connection is ever uncounted. A key that broke a
+hard limit (an oversize or over-long message) is barred for the rest of the node's
+life: its handshakes are refused from then on.
 
 Thread-safe: the ZAP handler, the in-flight guard and the node's loop share one object.
 Socket-free, with the clock as an argument, so every rule is unit tested.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.keys import Identity
@@ -30,6 +33,9 @@ MAX_CONNECTIONS_PER_KEY = 4
 # Handshakes a key may start per window (a worker reconnects a few times at most).
 MAX_HANDSHAKES_PER_WINDOW = 20
 HANDSHAKE_WINDOW_S = 10.0
+# How long a handshake counts as a connection without a message naming it: the guard
+# cuts a connection that delivered nothing for as long (IDLE_CUT_S).
+PENDING_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,13 +53,15 @@ class Admission:
     def __init__(self, clients: dict[bytes, Identity],
                  max_connections: int = MAX_CONNECTIONS_PER_KEY,
                  max_handshakes: int = MAX_HANDSHAKES_PER_WINDOW,
-                 window_s: float = HANDSHAKE_WINDOW_S) -> None:
+                 window_s: float = HANDSHAKE_WINDOW_S, pending_s: float = PENDING_S) -> None:
         self.clients = dict(clients)
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
         self.window_s = window_s
+        self.pending_s = pending_s
+        # attributed connections of a key open now (the in-flight guard's count)
+        self.live: Callable[[Identity], int] = lambda identity: 0
         self._lock = threading.Lock()
-        self._live: Counter[Identity] = Counter()  # attributed connections open now
         self._handshakes: dict[Identity, deque[float]] = {}
         self._barred: dict[Identity, str] = {}
         self.refused: Counter[str] = Counter()  # by reason: barred, connections, handshakes
@@ -67,26 +75,14 @@ class Admission:
             if identity in self._barred:
                 return self._refuse(identity, "barred", f"barred: {self._barred[identity]}")
             recent = self._recent(identity, now)
-            if self._live[identity] >= self.max_connections:
-                return self._refuse(identity, "connections", f"already holds "
-                                    f"{self._live[identity]} connections")
+            held = self.live(identity) + sum(now - t < self.pending_s for t in recent)
+            if held >= self.max_connections:
+                return self._refuse(identity, "connections", f"holds {held} connections")
             if len(recent) >= self.max_handshakes:
                 return self._refuse(identity, "handshakes", f"{len(recent)} handshakes in "
                                     f"{self.window_s:g} s")
             recent.append(now)
             return Decision(True, identity)
-
-    def attach(self, identity: Identity) -> None:
-        """A connection of ``identity`` delivered its first message: it counts now."""
-        with self._lock:
-            self._live[identity] += 1
-
-    def detach(self, identity: Identity) -> None:
-        """An attributed connection of ``identity`` closed."""
-        with self._lock:
-            self._live[identity] -= 1
-            if self._live[identity] <= 0:
-                del self._live[identity]
 
     def bar(self, identity: Identity, reason: str) -> bool:
         """Refuse ``identity``'s handshakes from now on; whether it is newly barred."""
@@ -95,19 +91,6 @@ class Admission:
                 return False
             self._barred[identity] = reason
             return True
-
-    def is_barred(self, identity: Identity | None) -> bool:
-        return identity is not None and identity in self._barred
-
-    def barred(self) -> dict[str, str]:
-        """The barred keys by name, with why."""
-        with self._lock:
-            return {i.name: why for i, why in self._barred.items()}
-
-    def connections(self, identity: Identity) -> int:
-        """Attributed connections of ``identity`` open now."""
-        with self._lock:
-            return self._live[identity]
 
     def _recent(self, identity: Identity, now: float) -> deque[float]:
         """``identity``'s handshakes of the last window (older ones dropped)."""

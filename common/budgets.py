@@ -37,13 +37,14 @@ EXCERPT_CHARS = 200
 
 
 def principal_of(incoming: Incoming) -> Hashable:
-    """Whom a message's budgets are charged to: its key (for a proxy's key, the worker
-    it relays: a proxy speaks for many), or, without keys, its connection."""
+    """Whom a message's budgets are charged to: its key (for a proxy's key, the worker it
+    relays, by the routing id the proxy gave it: a proxy speaks for many, and a worker
+    cannot choose the frames after it), or, without keys, its connection."""
     identity = incoming.identity
     if identity is None:
         return bytes(incoming.envelope[0]) if incoming.envelope else b""
     if identity.role == "proxy" and len(incoming.envelope) > 1:
-        return (identity.name, bytes(incoming.envelope[-1]))
+        return (identity.name, bytes(incoming.envelope[1]))
     return identity.name
 
 

@@ -7,28 +7,36 @@ with one 2 GB message of 4 MiB frames). libzmq has no option against that, so th
 guard watches each accepted connection from outside:
 
 * it learns each connection's file descriptor from the socket's monitor
-  (``EVENT_ACCEPTED``), and the node reports every delivered message's exact cost on the
-  wire (:func:`wire_bytes` of each frame), source descriptor (``zmq.SRCFD``) and key
-  (``User-Id``) with :meth:`InflightGuard.delivered`;
+  (``EVENT_ACCEPTED``) and knows the connection by its socket's inode; the node reports
+  every delivered message's exact cost on the wire (:func:`wire_bytes` of each frame),
+  source descriptor (``zmq.SRCFD``) and key (``User-Id``) with
+  :meth:`InflightGuard.delivered`;
+* a connection is attributed to the key of its first delivered message, provided the
+  connection has received that many bytes (else the message was left over from a
+  closed connection whose descriptor this one reuses); a connection later naming
+  another key is ambiguous and never attributed again;
 * every ``interval_s`` it reads each connection's bytes received (Linux ``TCP_INFO``
   ``tcpi_bytes_received``) less those still in the kernel's queue (``FIONREAD``): what
   libzmq has read from it. Less what was delivered, that is what the node holds for the
-  connection: complete messages queued in its pipe (at most ``RCVHWM`` of them) and the
-  message being received;
-* a connection holding more than :func:`hold_limit` is cut (``shutdown``; libzmq drops
-  the partial message and frees it) and reported to ``on_offence`` with its key if a
-  message of it was delivered before, so the node bars that key;
-* a connection that has delivered nothing ``idle_cut_s`` after it was accepted is cut:
-  honest clients say HELLO at once, and an unattributed connection cannot be counted
-  against its key.
+  connection: complete messages queued in its pipe (at most ``RCVHWM``) and the one
+  being received;
+* a connection holding more than its limit (``limit``; ``first_limit`` before it has
+  delivered anything) is cut (``shutdown``: libzmq drops the partial message and frees
+  it) and reported to ``on_offence`` with its key, so the node bars that key (None when
+  no message named it: cut, nothing to bar);
+* a connection that delivered nothing for ``idle_cut_s`` is cut (honest clients say
+  HELLO at once; the admission counts such a connection only that long), and one that
+  would give its key more than ``max_connections`` attributed connections is cut when
+  its first message names the key.
 
 The guard runs in a thread of its own and costs about 4 µs per connection and scan.
-Without ``TCP_INFO`` (another OS, or an ``ipc://`` endpoint) it does nothing and says so.
+Without ``TCP_INFO`` (another OS, or an ``ipc://`` endpoint) it only keeps the count of
+connections per key and says so in the log: messages in flight are then bounded by the
+process's memory limit alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -43,17 +51,22 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.budgets import LogThrottle
 from common.keys import Identity
 
 log = logging.getLogger("ps.transport")
 
 INTERVAL_S = 0.02
-IDLE_CUT_S = 60.0
+IDLE_CUT_S = 10.0  # = common.admission.PENDING_S
 # A CURVE frame travels as a MESSAGE command: its name (1 + 7 bytes), short nonce (8),
 # MAC (16) and flags (1) around the payload (libzmq 4.x, ZMTP 3).
 CURVE_MESSAGE_OVERHEAD = 33
-# The greeting and the security handshake, before any message (about 600 bytes).
+# The greeting and the security handshake before any message: at most (what the held
+# bytes are allowed) and at least (what a connection must have received besides its
+# messages for one to be attributed to it). A CURVE handshake is 550-600 bytes: the
+# greeting (64), HELLO (202) and INITIATE (250 and the metadata).
 HANDSHAKE_BYTES = 8192
+CURVE_HANDSHAKE_MIN = 512
 # What libzmq reads ahead of the message it decodes (its input batch) and the frame
 # being decoded.
 READ_AHEAD_BYTES = 64 * 1024
@@ -72,9 +85,23 @@ def wire_bytes(payload: int, curve: bool) -> int:
 
 def hold_limit(largest_message: int, queued_messages: int, largest_frame: int) -> int:
     """Bytes one connection may make the node hold: ``queued_messages`` complete legal
-    messages waiting in its pipe (the socket's ``RCVHWM``), the one being received, the
-    frame being decoded and libzmq's read-ahead."""
+    messages waiting in its pipe, the one being received, the frame being decoded and
+    libzmq's read-ahead."""
     return (queued_messages + 1) * largest_message + largest_frame + READ_AHEAD_BYTES
+
+
+def tcp_info_available(endpoint: str) -> bool:
+    """TCP_INFO with ``tcpi_bytes_received`` (Linux 4.1+) serves ``endpoint``."""
+    if not endpoint.startswith("tcp://"):
+        return False
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        info = probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LENGTH)
+        return len(info) >= _TCP_INFO_LENGTH
+    except (OSError, AttributeError):
+        return False
+    finally:
+        probe.close()
 
 
 @dataclass
@@ -82,6 +109,7 @@ class _Connection:
     fd: int
     accepted: float
     identity: Identity | None = None
+    ambiguous: bool = False  # its messages named two keys: never attributed
     delivered: int = 0  # wire bytes of the messages delivered to the node
     cut: bool = False
 
@@ -90,31 +118,32 @@ Offence = Callable[[Identity | None, str], None]
 
 
 class InflightGuard:
-    """Watches the connections of one bound ROUTER (see the module docstring).
+    """Watches the connections of one bound ROUTER (see the module docstring)."""
 
-    Connections are known by the inode of their socket, so a descriptor that libzmq
-    closed and the kernel gave to a new connection is never mistaken for the old one.
-    """
-
-    def __init__(self, sock: zmq.Socket, limit: int, on_offence: Offence,
-                 on_attach: Callable[[Identity], None] | None = None,
-                 on_detach: Callable[[Identity], None] | None = None,
+    def __init__(self, sock: zmq.Socket, *, limit: int, first_limit: int, curve: bool,
+                 tcp_info: bool, on_offence: Offence, max_connections: int | None = None,
                  interval_s: float = INTERVAL_S, idle_cut_s: float = IDLE_CUT_S) -> None:
         self.limit = limit
+        self.first_limit = first_limit
+        self.handshake_min = CURVE_HANDSHAKE_MIN if curve else 0
+        self.tcp_info = tcp_info
         self.on_offence = on_offence
-        self.on_attach = on_attach or (lambda identity: None)
-        self.on_detach = on_detach or (lambda identity: None)
+        self.max_connections = max_connections
         self.interval_s = interval_s
         self.idle_cut_s = idle_cut_s
         self.cuts = 0
         self._connections: dict[int, _Connection] = {}  # by socket inode
         self._stop = threading.Event()
+        self._throttle = LogThrottle()
         self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED)
         self._sock = sock
+        if not tcp_info:
+            log.warning("no TCP_INFO for %s: a message in flight is bounded only by the "
+                        "process's memory limit", sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self._thread = threading.Thread(target=self._run, name="inflight-guard", daemon=True)
         self._thread.start()
 
-    # -- called by the node's loop -------------------------------------------------
+    # -- called by the node's loop (and the ZAP handler) ---------------------------
 
     def delivered(self, fd: int, identity: Identity | None, wire: int) -> None:
         """A message that took ``wire`` bytes on the wire came from descriptor ``fd``."""
@@ -124,12 +153,26 @@ class InflightGuard:
         conn = self._connections.get(inode)
         if conn is None:  # delivered before the guard saw the connection accepted
             conn = self._connections.setdefault(inode, _Connection(fd, time.monotonic()))
-        if identity is not None and conn.identity != identity:
+        if identity is not None and not conn.ambiguous and conn.identity != identity:
             if conn.identity is not None:
-                self.on_detach(conn.identity)
-            conn.identity = identity
-            self.on_attach(identity)
+                conn.identity, conn.ambiguous = None, True
+            elif self.tcp_info and _bytes_read(fd) < (conn.delivered + wire
+                                                       + self.handshake_min):
+                return  # left over from a closed connection on the same descriptor
+            elif (self.max_connections is not None
+                  and self.connections(identity) >= self.max_connections):
+                self._cut(inode, conn)
+                self.on_offence(None, f"{identity.name} already holds "
+                                f"{self.max_connections} connections")
+                return
+            else:
+                conn.identity = identity
         conn.delivered += wire
+
+    def connections(self, identity: Identity) -> int:
+        """Attributed connections of ``identity`` open now (``Admission.live``)."""
+        return sum(c.identity == identity and not c.cut
+                   for c in list(self._connections.values()))
 
     def cut_all(self, identity: Identity) -> int:
         """Cut every connection of ``identity`` (a barred key); how many."""
@@ -146,21 +189,18 @@ class InflightGuard:
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        if not _supported(self._sock):
-            log.warning("no TCP_INFO for %s: messages in flight are bounded only by the "
-                        "process's memory limit", self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
-            return
         while not self._stop.is_set():
-            if self._monitor.poll(int(self.interval_s * 1000)):
-                self._accepted()
-            self._scan(time.monotonic())
+            try:
+                if self._monitor.poll(int(self.interval_s * 1000)):
+                    self._accepted()
+                self._scan(time.monotonic())
+            except Exception:  # never end the guard: log (at most every 10 s), go on
+                if self._throttle.admit("scan", time.monotonic()) is not None:
+                    log.exception("the in-flight guard's scan failed; going on")
 
     def _accepted(self) -> None:
         while self._monitor.poll(0):
-            try:
-                fd = int(recv_monitor_message(self._monitor)["value"])
-            except zmq.ZMQError:
-                return
+            fd = int(recv_monitor_message(self._monitor)["value"])
             inode = _inode(fd)
             if inode >= 0:
                 self._connections.setdefault(inode, _Connection(fd, time.monotonic()))
@@ -168,55 +208,47 @@ class InflightGuard:
     def _scan(self, now: float) -> None:
         for inode, conn in list(self._connections.items()):
             if _inode(conn.fd) != inode:  # closed (and its descriptor maybe reused)
-                self._forget(inode)
+                self._connections.pop(inode, None)
                 continue
             if conn.cut:
                 continue
-            held = _bytes_read(conn.fd) - HANDSHAKE_BYTES - conn.delivered
-            if held > self.limit:
-                held -= _queued(conn.fd)  # still in the kernel: not the node's memory
-            if held > self.limit:
-                if self._cut(inode, conn):
-                    self.on_offence(conn.identity, f"held {held:,} bytes of a message not "
-                                    f"yet complete (limit {self.limit:,})")
-            elif not conn.delivered and now - conn.accepted > self.idle_cut_s:
+            if self.tcp_info:
+                limit = self.limit if conn.delivered else self.first_limit
+                held = _bytes_read(conn.fd) - HANDSHAKE_BYTES - conn.delivered
+                if held > limit:
+                    held -= _queued(conn.fd)  # still in the kernel: not the node's memory
+                if held > limit:
+                    if self._cut(inode, conn):
+                        self.on_offence(conn.identity, f"held {held:,} bytes of a message "
+                                        f"not yet complete (limit {limit:,})")
+                    continue
+            if not conn.delivered and now - conn.accepted > self.idle_cut_s:
                 self._cut(inode, conn)
-
-    def _forget(self, inode: int) -> None:
-        conn = self._connections.pop(inode, None)
-        if conn is not None and conn.identity is not None:
-            self.on_detach(conn.identity)
 
     def _cut(self, inode: int, conn: _Connection) -> int:
         """Shut the connection down (libzmq then closes it); 0 if its descriptor is
-        another file by now."""
-        if _inode(conn.fd) != inode:
-            self._forget(inode)
+        another file by now. Through a duplicate of the descriptor checked to be the
+        same socket, so no descriptor reused meanwhile is ever shut down."""
+        try:
+            duplicate = os.dup(conn.fd)
+        except OSError:
+            self._connections.pop(inode, None)
             return 0
-        with contextlib.suppress(OSError):
-            sock = socket.socket(fileno=conn.fd)
-            try:
+        try:
+            if os.fstat(duplicate).st_ino != inode:
+                self._connections.pop(inode, None)
+                return 0
+            with socket.socket(fileno=duplicate) as sock:
+                duplicate = -1  # the socket object closes it
                 sock.shutdown(socket.SHUT_RDWR)
-            finally:
-                sock.detach()
+        except OSError:
+            pass  # closed meanwhile: nothing left to cut
+        finally:
+            if duplicate >= 0:
+                os.close(duplicate)
         conn.cut = True
         self.cuts += 1
         return 1
-
-
-def _supported(sock: zmq.Socket) -> bool:
-    """TCP_INFO with ``tcpi_bytes_received`` is there (Linux 4.1+) for this endpoint."""
-    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    if not endpoint.startswith("tcp://"):
-        return False
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        info = probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LENGTH)
-        return len(info) >= _TCP_INFO_LENGTH
-    except (OSError, AttributeError):
-        return False
-    finally:
-        probe.close()
 
 
 def _inode(fd: int) -> int:

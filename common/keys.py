@@ -223,29 +223,32 @@ class KeyRing:
             raise ConfigError(f"{self.directory / (name + SECRET_SUFFIX)} holds no secret key")
         return public, secret
 
-    def server_curve(self, shard: int) -> CurveServer:
+    def server_curve(self, shard: int, num_workers: int) -> CurveServer:
         """What the server of ``shard`` binds with: its key pair, and the client keys
-        whose scope includes the shard (workers, the evaluator, ``proxy-<shard>``)."""
-        return CurveServer(*self.pair(f"server-{shard}"), self.clients(shard))
+        whose scope includes the shard (workers 0..n-1, the evaluator, ``proxy-<shard>``)."""
+        return CurveServer(*self.pair(f"server-{shard}"), self.clients(shard, num_workers))
 
-    def front_curve(self, shard: int) -> CurveServer:
+    def front_curve(self, shard: int, num_workers: int) -> CurveServer:
         """What a proxy impersonating the server of ``shard`` binds with: that server's
         key pair, admitting the workers only (the evaluator reads the real servers)."""
-        workers = {k: i for k, i in self.clients(shard).items() if i.role == "worker"}
+        workers = {k: i for k, i in self.clients(shard, num_workers).items()
+                   if i.role == "worker"}
         return CurveServer(*self.pair(f"server-{shard}"), workers)
 
     def client_curve(self, name: str, shard: int) -> CurveClient:
         """What ``name`` connects to the server of ``shard`` with."""
         return CurveClient(*self.pair(name), self.public(f"server-{shard}"))
 
-    def clients(self, shard: int) -> dict[bytes, Identity]:
-        """The client identities (workers, evaluator, proxies) of the directory whose
-        scope includes ``shard``, by public key."""
+    def clients(self, shard: int, num_workers: int) -> dict[bytes, Identity]:
+        """The client identities of the directory whose scope includes ``shard``, by
+        public key: the evaluator, the proxy of the shard, and the workers of the run
+        (a leftover key of a worker id the run does not have is not one)."""
         found: dict[bytes, Identity] = {}
         for path in sorted(self.directory.glob("*" + PUBLIC_SUFFIX)):
             identity = Identity.parse(path.name[: -len(PUBLIC_SUFFIX)])
             if (identity is not None and identity.role in CLIENT_ROLES
-                    and identity.reaches(shard)):
+                    and identity.reaches(shard)
+                    and not (identity.role == "worker" and identity.index >= num_workers)):
                 found[self.public(identity.name)] = identity
         return found
 

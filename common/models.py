@@ -23,6 +23,7 @@ their gradients views of two such vectors (what a worker computes gradients with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -140,6 +141,20 @@ def build_model(
         torch.manual_seed(derive_int_seed(seed, "model-init"))
         model = MODELS[name].build(shape, int(num_classes))
     return model.float()
+
+
+@functools.cache
+def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: int) -> int:
+    """d of the ``name`` model on (C, H, W) inputs with ``num_classes``, counted on
+    torch's meta device: nothing allocated, no data read (what a checkpoint reader and
+    the deployment's memory limits need)."""
+    import torch
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    with torch.device("meta"):
+        built = MODELS[name].build(tuple(input_shape), int(num_classes))
+    return num_parameters(built)
 
 
 def num_parameters(model: nn.Module) -> int:

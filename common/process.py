@@ -20,6 +20,7 @@ import ctypes
 import gc
 import logging
 import logging.handlers
+import os
 import resource
 import signal
 import sys
@@ -82,6 +83,29 @@ def request_stop(*_: object) -> None:
 LOG_BACKUPS = 2
 
 
+class _RotatingLog(logging.handlers.RotatingFileHandler):
+    """A rotating log file that, when this process's stdout and stderr are that file
+    too (a ps-cluster child: a crash's traceback goes there), moves them to the new file
+    at each rotation, so they never end in a rotated or deleted one."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        super().__init__(path, maxBytes=max_bytes, backupCount=LOG_BACKUPS, encoding="utf-8")
+        self.std_fds = [fd for fd in (1, 2) if _same_file(fd, self.stream.fileno())]
+
+    def doRollover(self) -> None:
+        super().doRollover()
+        for fd in self.std_fds:
+            os.dup2(self.stream.fileno(), fd)
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def setup_logging(name: str, verbose: bool = False, log_file: Path | None = None,
                   max_mb: float = 20.0) -> None:
     """Human-readable log lines tagged with the process name: on stderr, or in
@@ -91,8 +115,7 @@ def setup_logging(name: str, verbose: bool = False, log_file: Path | None = None
         handler = logging.StreamHandler(sys.stderr)
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=int(max_mb * 1e6), backupCount=LOG_BACKUPS, encoding="utf-8")
+        handler = _RotatingLog(log_file, int(max_mb * 1e6))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s {name} %(levelname)s %(message)s",

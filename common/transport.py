@@ -43,9 +43,11 @@ from zmq.utils import z85
 from common.admission import Admission
 from common.budgets import LogThrottle
 from common.errors import ConfigError
-from common.inflight import InflightGuard, hold_limit, wire_bytes
+from common.inflight import InflightGuard, hold_limit, tcp_info_available, wire_bytes
 from common.keys import CurveClient, CurveServer, Identity
 from common.protocol import (
+    CHUNK_BYTES,
+    ITEM_BYTES,
     MAX_FRAME_BYTES,
     MAX_HEADER_BYTES,
     ErrorCode,
@@ -83,6 +85,9 @@ MAX_ROUTING_ID_BYTES = 255
 # values could never be pushed or pulled with keys). Rounded up generously.
 CURVE_FRAME_OVERHEAD = 256
 INBOUND_FRAME_LIMIT = MAX_FRAME_BYTES + CURVE_FRAME_OVERHEAD
+# What a received frame costs a node besides its bytes (libzmq's message and pyzmq's Frame
+# object): a message of a million empty frames is as large as its frames are many.
+FRAME_COST = 64
 
 Peer = tuple[bytes, ...]
 """A peer as a node sees it: its routing envelope, hashable."""
@@ -109,8 +114,12 @@ class Incoming:
 
 
 def largest_message(shard_size: int) -> int:
-    """Bytes of the largest legal message for a shard: header, values, envelope."""
-    return MAX_HEADER_BYTES + 4 * shard_size + MAX_ENVELOPE_DEPTH * (MAX_ROUTING_ID_BYTES + 1)
+    """What the largest legal message for a shard costs a node (:func:`receive`): its
+    header, values and envelope, and ``FRAME_COST`` per frame."""
+    chunks = max(1, -(-ITEM_BYTES * shard_size // CHUNK_BYTES))
+    frames = MAX_ENVELOPE_DEPTH + 2 + chunks  # envelope, delimiter, header, chunks
+    return (MAX_HEADER_BYTES + ITEM_BYTES * shard_size
+            + MAX_ENVELOPE_DEPTH * MAX_ROUTING_ID_BYTES + FRAME_COST * frames)
 
 
 def configure(sock: zmq.Socket, linger_ms: int = LINGER_MS) -> zmq.Socket:
@@ -175,20 +184,21 @@ def receive(sock: zmq.Socket, max_bytes: int | None = None,
             authenticated: bool = False) -> Incoming:
     """The next message of ``sock``, decoded, or the reason it could not be.
 
-    A message of more than ``max_bytes`` is read to its end but not kept (only its
-    envelope, to answer). ``authenticated``: the socket is a CURVE server, whose
-    messages carry the identity of the key that sent them (a message without one is
-    refused, ``forbidden``).
+    A message costing more than ``max_bytes`` (its bytes and ``FRAME_COST`` per frame) is
+    read to its end but not kept (only its envelope, to answer). ``authenticated``: the
+    socket is a CURVE server, whose messages carry the identity of the key that sent
+    them (a message without one is refused, ``forbidden``).
     """
     frames: list[Any] = []
-    size = wire = 0
+    size = wire = cost = 0
     too_large = False
     while True:
         frame = sock.recv(copy=False)
         length = len(frame)
         size += length
+        cost += length + FRAME_COST
         wire += wire_bytes(length, authenticated)
-        if max_bytes is not None and size > max_bytes and not too_large:
+        if max_bytes is not None and cost > max_bytes and not too_large:
             too_large = True
             frames = _envelope_part(frames)
         if not too_large:
@@ -318,10 +328,12 @@ class Listener:
     """A bound ROUTER and its guards: the ZAP handler's :class:`Admission` (with keys),
     the in-flight guard, and the bars of keys that broke a hard limit.
 
-    ``largest`` is the largest legal message here: a larger one is read to its end and
-    refused (``too-large``), and a connection may hold at most a few of them before its
-    messages are delivered (``common/inflight.py``). Offences the guard saw (a connection
-    cut for an over-long message) wait in :meth:`offences` for the node's loop. Replies
+    ``largest`` is the largest legal message here (:func:`largest_message`): a larger one
+    is read to its end and refused (``too-large``), and a connection may hold at most a
+    few of them before its messages are delivered (``common/inflight.py``; one before its
+    first message). The key of a connection the guard cut for an over-long message is
+    barred at once (its next handshake is refused); the offence waits in
+    :meth:`offences` for the node's loop, which records it. Replies
     queued for a connection whose peer does not read them are bounded by ``SNDHWM``:
     ``SEND_HWM_MIN`` plus two per peer that may share the connection
     (``peers_per_connection``: n at a server, whose proxy relays all the workers).
@@ -334,12 +346,21 @@ class Listener:
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM_MIN + 2 * peers_per_connection)
         self.largest = largest
         self._offences: deque[tuple[Identity | None, str]] = deque()
-        admission = self.admission
         self.guard = InflightGuard(
-            self.sock, hold_limit(largest, RECEIVE_HWM, INBOUND_FRAME_LIMIT),
-            on_offence=lambda identity, why: self._offences.append((identity, why)),
-            on_attach=admission.attach if admission else None,
-            on_detach=admission.detach if admission else None)
+            self.sock, limit=hold_limit(largest, RECEIVE_HWM, INBOUND_FRAME_LIMIT),
+            first_limit=hold_limit(largest, 0, INBOUND_FRAME_LIMIT),
+            curve=curve is not None, tcp_info=tcp_info_available(self.endpoint),
+            on_offence=self._offended,
+            max_connections=self.admission.max_connections if self.admission else None)
+        if self.admission is not None:
+            self.admission.live = self.guard.connections
+
+    def _offended(self, identity: Identity | None, why: str) -> None:
+        """(In the guard's thread.) Bar the key now, so its next handshake is refused
+        even before the node's loop records the offence."""
+        if identity is not None and self.admission is not None:
+            self.admission.bar(identity, why)
+        self._offences.append((identity, why))
 
     def receive(self) -> Incoming:
         """The next message (see :func:`receive`), accounted to its connection."""

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ import click
 from common.config import AttackConfig, RunConfig
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
-from ps.launcher.cluster import Cluster, ClusterResult, ClusterSpec
+from ps.launcher.cluster import BackgroundRun, Cluster, ClusterResult, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
 from worker.options import ClientOptions
@@ -68,26 +67,17 @@ def main(workers: int, shards: int, rounds: int, kill_at: int, victim: int,
 
 
 def _measure(spec: ClusterSpec, kill_at: int, victim: str) -> dict:
-    out = spec.out_dir
-    cluster = Cluster(spec)
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = cluster.run()
-        except BaseException as exc:  # reported: the run did not finish
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name="cluster")
-    thread.start()
-    metrics = out / "server-0.jsonl"
-    while thread.is_alive() and len(read_jsonl(metrics)) < kill_at:
+    run = BackgroundRun(Cluster(spec))
+    metrics = spec.out_dir / "server-0.jsonl"
+    while run.alive and len(read_jsonl(metrics)) < kill_at:
         time.sleep(0.05)
-    process = next(p for p in cluster.processes if p.name == victim)
+    process = run.process(victim)
+    if process is None:
+        raise click.ClickException(f"{victim} is not running at round {kill_at}")
     killed_at = len(read_jsonl(metrics))
     os.kill(process.pid, signal.SIGKILL)
     click.echo(f"killed {victim} at round {killed_at}", err=True)
-    thread.join()
+    outcome = run.join()
     lines = read_jsonl(metrics)
     last = lines[-1]["round"]
     warm = min(20, killed_at // 4)
@@ -102,7 +92,7 @@ def _measure(spec: ClusterSpec, kill_at: int, victim: str) -> dict:
         "after_over_before": round(after / before, 3),
         "closed_after_kill": dict(Counter(r.get("closed", "?") for r in lines
                                           if r["round"] >= killed_at)),
-        "run_finished": isinstance(outcome.get("result"), ClusterResult),
+        "run_finished": isinstance(outcome, ClusterResult),
     }
 
 

@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from common.data import load_dataset
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
 from common.process import pin_torch_threads
-from ps.launcher.cluster import Cluster, ClusterResult, ClusterSpec
+from ps.launcher.cluster import BackgroundRun, Cluster, ClusterResult, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
@@ -81,31 +80,20 @@ def main(workers: int, shards: int, rounds: int, rule: str, q: int, round_timeou
 
 def _run_with_faults(spec: ClusterSpec, schedule: list[tuple[int, str]]) -> dict:
     cfg, out = spec.cfg, spec.out_dir
-    cluster = Cluster(spec)
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = cluster.run()
-        except BaseException as exc:  # reported: the run did not finish
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name="cluster")
     started = time.monotonic()
-    thread.start()
+    run = BackgroundRun(Cluster(spec))
     injected = []
     for at_round, name in schedule:
-        while thread.is_alive() and _round(out) < at_round:
+        while run.alive and _round(out) < at_round:
             time.sleep(0.1)
-        process = next((p for p in cluster.processes if p.name == name), None)
-        if not thread.is_alive() or process is None or not process.running:
+        process = run.process(name)
+        if not run.alive or process is None:
             continue
         os.kill(process.pid, signal.SIGKILL)
         injected.append({"process": name, "at_round": _round(out)})
         click.echo(f"killed {name} at round {_round(out)}", err=True)
-    thread.join()
+    result = run.join()
     seconds = time.monotonic() - started
-    result = outcome.get("result")
     summary = json.loads((out / "summary.json").read_text())
     report = {
         "faults": injected,

@@ -35,6 +35,7 @@ from server.options import ServerOptions
 log = logging.getLogger("ps.server")
 
 POLL_MS = 200
+MAX_BATCH = 1000  # messages handled between two looks at the clock
 
 
 def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
@@ -79,7 +80,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     shard, within their budgets (``common/admission.py``)."""
     mac_key = server_mac_key(keys, options.shard)
     core, writer = build_core(cfg, options, process.out_dir, initial, mac_key)
-    curve = keys.server_curve(options.shard) if keys else None
+    curve = keys.server_curve(options.shard, cfg.num_workers) if keys else None
     ctx = zmq.Context.instance()
     listener = Listener(ctx, options.bind, curve, largest_message(core.stop - core.start),
                         peers_per_connection=cfg.num_workers)
@@ -95,8 +96,11 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
         while not core.done(time.monotonic()):
             check_stop()
             if sock.poll(_poll_ms(core, time.monotonic()), zmq.POLLIN):
-                # drain what is queued before checking the clock again
-                while sock.poll(0, zmq.POLLIN):
+                # drain what is queued (a bounded batch: a flood cannot hold off the
+                # deadline, the offences or a stop) before checking the clock again
+                for _ in range(MAX_BATCH):
+                    if not sock.poll(0, zmq.POLLIN):
+                        break
                     for reply in core.handle(listener.receive(), time.monotonic()):
                         listener.send(reply.envelope, reply.header, reply.tensor)
             for identity, why in listener.offences():

@@ -11,9 +11,9 @@ paper needs worker momentum (someone else's setting) and a small Byzantine fract
 (its analysis: delta <= 0.1); q is accepted (0 <= q < n) and not used.
 
 State: the previous aggregate survives a checkpoint and a resume (``get_state``:
-``{"center": v}``, saved in the shard's ``.npz``).  In a sharded cluster each server
-clips its own shard's rows around its own shard's previous aggregate, so the norms are
-those of the shard's coordinates (see the README on vector-level rules).
+``{"center": v}``, saved in the shard's checkpoint as ``rule_center``).  In a sharded
+cluster each server clips its own shard's rows around its own shard's previous
+aggregate, so the norms are those of the shard's coordinates (see the README on vector-level rules).
 
 Norms are accumulated in float64 (``kernels.row_sq_distances``) and each update
 ``v + sum_i w_i (g_i - v)`` in float64 (``kernels.weighted_shift``), so a row of 3.4e38

@@ -15,7 +15,8 @@ d_s = ceil(d / S) the largest shard, n workers and R = ``PS_REPLAY_ROUNDS``:
   the current and the next round as received messages: 2 n d_s); the PARAMS replies
   queued for the n workers and the evaluator (about n d_s); and 8 vectors of d_s: the
   parameters, the previous ones and a stateful rule's state (kept parameter history),
-  the copy handed to the checkpoint writer and the archive it builds;
+  the copy handed to the checkpoint writer and one spare (the writer hashes and
+  writes the arrays where they are);
 * ``proxy``: ``BASE_PROXY`` (numpy and pyzmq, no torch) + f * d_s * (5 n + 4): the
   pushes of the current and the next round it holds (2 n), a whole round copied for the
   attacks that read the honest vectors (n), the PARAMS replies it relays (n + 1) and the
@@ -116,14 +117,11 @@ class Sizes:
 def model_parameters(model: str, dataset: str) -> tuple[int, int]:
     """(d, C * H * W): the parameters of ``model`` on ``dataset``'s inputs, counted on
     torch's meta device (nothing allocated, no data read)."""
-    import torch
-
-    from common.models import MODELS
+    from common.models import count_parameters
 
     spec = dataset_spec(dataset)
-    with torch.device("meta"):
-        built = MODELS[model].build(spec.input_shape, spec.num_classes)
-    return sum(p.numel() for p in built.parameters()), math.prod(spec.input_shape)
+    return (count_parameters(model, spec.input_shape, spec.num_classes),
+            math.prod(spec.input_shape))
 
 
 def sizes_of(cfg: RunConfig, replay_rounds: int, torch_threads: int = 1) -> Sizes:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -188,17 +189,15 @@ class Cluster:
 
     def _keys(self) -> SecurityOptions:
         """What the children use: the given keys, none (--insecure), or keys generated
-        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted); a
-        resumed run keeps the keys it had (its servers' checkpoints are authenticated
-        with them)."""
+        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted; a
+        resumed run is given the keys it had, ``resumable_spec``)."""
         given = self.spec.security
         if given.insecure or given.keys is not None:
             return given
         attack, cfg = self.spec.attack, self.spec.cfg
         proxies = attack.proxy_shards if attack.proxy_attack != "none" else ()
         directory = self.out / "keys"
-        if not (self.spec.server.resume and directory.is_dir()):
-            create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
+        create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
         return SecurityOptions(keys=directory)
 
     def _child(self, name: str, module: str, args: list[str]) -> ManagedProcess:
@@ -492,7 +491,7 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     A run whose keys the launcher generated (``<out-dir>/keys``) continues with those
     keys, not new ones: its servers resume only checkpoints tagged with their own key.
     Each checkpoint is checked here as its server will check it (``CheckpointError``
-    naming the file), except for its size, which the launcher does not know."""
+    naming the file), its size too: the shard's, counted from the run's model."""
     from server.checkpoint import checkpoint_path, read_run_checkpoint
 
     out = spec.out_dir
@@ -500,6 +499,10 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     present = [s for s in range(cfg.num_shards) if os.path.lexists(checkpoint_path(out, s))]
     security = spec.security
     if not security.insecure and security.keys is None and (present or (out / "keys").is_dir()):
+        if not (out / "keys").is_dir():
+            raise ConfigError(f"cannot resume {out} with keys: it holds checkpoints but no "
+                              f"key directory (was it run with --insecure? then resume it "
+                              f"with --insecure; its checkpoints carry no key)")
         security = replace(security, keys=out / "keys")
     keys = security.ring("ps-cluster --resume") if present else None
     rounds = {s: read_run_checkpoint(out, cfg, s, keys, finite=True).round
@@ -514,3 +517,34 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     log.info("resuming %s from checkpoints at rounds %s", out, rounds)
     return replace(spec, server=replace(spec.server, resume=True), security=security,
                    cluster=replace(spec.cluster, resume=None))
+
+
+class BackgroundRun:
+    """A cluster run in a thread of this process, for scripts that act on the run while
+    it goes (kill a process, attack a node): ``cluster.processes`` name the children;
+    :meth:`join` gives the result, or the exception the run ended with."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._outcome: ClusterResult | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="cluster")
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def process(self, name: str) -> ManagedProcess | None:
+        """The running child called ``name`` (``worker-3``), if any."""
+        found = next((p for p in self.cluster.processes if p.name == name), None)
+        return found if found is not None and found.running else None
+
+    def join(self) -> ClusterResult | BaseException:
+        self._thread.join()
+        return self._outcome  # type: ignore[return-value]  (set before the thread ends)
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self.cluster.run()
+        except BaseException as exc:  # handed to join(): the run did not finish
+            self._outcome = exc

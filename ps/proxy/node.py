@@ -79,8 +79,8 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         if shard is not None and welcome.shard != shard:
             raise ConfigError(f"{options.server} serves shard {welcome.shard}, not --shard {shard}")
         largest = largest_message(welcome.stop - welcome.start)
-        front = Listener(ctx, options.bind, keys.front_curve(welcome.shard) if keys else None,
-                         largest)
+        front_curve = keys.front_curve(welcome.shard, cfg.num_workers) if keys else None
+        front = Listener(ctx, options.bind, front_curve, largest)
         core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar)
         log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
                  welcome.start, welcome.stop, front.endpoint, options.server,

@@ -5,10 +5,8 @@ server wrote, it resumes."""
 
 from __future__ import annotations
 
-import io
 import shutil
 import signal
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,14 @@ from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from common.keys import KeyRing
 from common.settings import SERVER, to_argv
 from ps.launcher.cluster import restartable
-from server.checkpoint import checkpoint_path, read_run_checkpoint, seal
+from server.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    read_run_checkpoint,
+    save_checkpoint,
+    seal,
+)
+from server.checkpoint.format import ENTRY, FIXED, LINE_UNKEYED
 from tests.integration.conftest import Processes
 
 pytestmark = pytest.mark.integration
@@ -100,11 +105,10 @@ def test_a_flipped_byte_is_refused_by_the_mac(processes, keyed_run) -> None:
 def test_a_checkpoint_of_another_shards_server_is_refused(processes, keyed_run) -> None:
     out, security = keyed_run
     shutil.copyfile(checkpoint_path(out, 0), checkpoint_path(out, 1))
-    _refused(processes, "swapped", out, 1, security,
-             "MAC mismatch: not written with server-1's key")
+    _refused(processes, "swapped", out, 1, security, "it holds shard 0, not shard 1")
 
 
-def test_a_corrupt_zip_is_refused(processes, keyed_run) -> None:
+def test_a_corrupt_or_old_format_file_is_refused(processes, keyed_run) -> None:
     out, security = keyed_run
     path = checkpoint_path(out, 1)
     path.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # what crashed servers with BadZipFile
@@ -116,50 +120,41 @@ def test_a_corrupt_zip_is_refused(processes, keyed_run) -> None:
 
 def test_an_unkeyed_checkpoint_is_refused_by_a_keyed_server(processes, keyed_run) -> None:
     out, security = keyed_run
-    path = checkpoint_path(out, 1)
-    with io.BytesIO() as buffer:
-        np.savez(buffer, shard=np.int64(1), round=np.int64(0),
-                 config_hash=np.array(CFG.config_hash), params=np.zeros(3, np.float32))
-        path.write_bytes(seal(buffer.getvalue(), None))
+    save_checkpoint(checkpoint_path(out, 1),
+                    Checkpoint(1, 0, CFG.config_hash, np.zeros(3, np.float32)), key=None)
     _refused(processes, "unkeyed", out, 1, security, "written without a key")
 
 
-def _forged(path: Path, **members: object) -> None:
-    """What anyone can write where servers run --insecure: a valid unkeyed digest."""
-    with io.BytesIO() as buffer:
-        np.savez(buffer, **members)
-        path.write_bytes(seal(buffer.getvalue(), None))
+def _forged(path: Path, arrays: dict[str, int], payload: bytes, round_: int = 2) -> None:
+    """What anyone can write where servers run --insecure: a table declaring ``arrays``
+    (name: values) over ``payload``, with a valid unkeyed digest."""
+    head = LINE_UNKEYED + FIXED.pack(1, round_, CFG.config_hash.encode(), len(arrays))
+    head += b"".join(ENTRY.pack(name.encode(), n) for name, n in arrays.items())
+    path.write_bytes(head + seal.tag(None, head, [payload]) + payload)
 
 
-def test_an_insecure_server_refuses_what_crashed_it_before(processes, tmp_path) -> None:
+def test_an_insecure_server_refuses_what_anyone_could_write(processes, tmp_path) -> None:
     out = tmp_path / "run"
     insecure = ["--insecure"]
     _stopped_server(processes, "first", out, 1, insecure)
     path = checkpoint_path(out, 1)
     size = read_run_checkpoint(out, CFG, 1, None, finite=True).params.size
-    good = {"shard": np.int64(1), "round": np.int64(2), "config_hash": np.array(CFG.config_hash),
-            "params": np.zeros(size, np.float32), "previous": np.zeros(size, np.float32)}
-    path.write_bytes(seal(b"PK garbage", None))
-    _refused(processes, "badzip", out, 1, insecure, "its archive is unreadable (BadZipFile")
-    _forged(path, **{**good, "shard": np.array([1, 1])})
-    _refused(processes, "shape", out, 1, insecure,
-             "member 'shard.npy' is int64 ('<i8') of shape (2,), expected an int64 scalar")
-    # float64 1e300 would be inf as float32 (half as many, so that its bytes fit)
-    _forged(path, **{**good, "params": np.full(size // 2, 1e300)})
-    _refused(processes, "huge", out, 1, insecure, "member 'params.npy' has dtype float64")
-    _forged(path, **{**good, "round": np.int64(CFG.rounds + 1)})
+    good = {"params": size, "previous": size}
+    zeros = np.zeros(2 * size, "<f4").tobytes()
+    path.write_bytes(LINE_UNKEYED + b"garbage")
+    _refused(processes, "short", out, 1, insecure, "truncated: ")
+    _forged(path, {"params": size, "shard": size}, zeros)
+    _refused(processes, "names", out, 1, insecure, "unexpected array 'shard'")
+    # float64 1e300 (inf as float32): the file holds twice the bytes its table declares
+    _forged(path, {"params": size}, np.full(size, 1e300).tobytes())
+    _refused(processes, "huge", out, 1, insecure, "its header declares (bytes added after")
+    _forged(path, good, zeros, round_=CFG.rounds + 1)
     _refused(processes, "round", out, 1, insecure, f"round {CFG.rounds + 1} outside 0..5")
-    # a header declaring 4e12 values (16 TB): refused before anything is allocated
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000000,), }"
-    header += " " * (63 - (10 + len(header)) % 64) + "\n"
-    declared = (b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
-                + b"\0" * 64)
-    members = io.BytesIO()
-    with zipfile.ZipFile(members, "w") as archive:
-        for name, value in good.items():
-            with io.BytesIO() as one:
-                np.save(one, value)
-                archive.writestr(name + ".npy", declared if name == "params" else one.getvalue())
-    path.write_bytes(seal(members.getvalue(), None))
+    # a table declaring 4e12 values (16 TB): refused before anything is allocated
+    _forged(path, {"params": 4_000_000_000_000}, zeros[:64])
     _refused(processes, "declared", out, 1, insecure,
-             f"member 'params.npy' declares shape (4000000000000,), expected ({size},)")
+             f"array 'params' declares 4000000000000 values, expected {size}")
+    nan = np.zeros(2 * size, "<f4")
+    nan[size + 1] = np.nan
+    _forged(path, good, nan.tobytes())
+    _refused(processes, "nan", out, 1, insecure, "previous holds 1 non-finite value(s)")

@@ -101,6 +101,7 @@ def test_a_killed_worker_costs_one_deadline_not_one_per_round(processes, tmp_pat
     workers = start_workers(processes, endpoints, keys, range(CFG.num_workers))
     wait_for(lambda: len(read_jsonl(tmp_path / "server-0.jsonl")) >= 5, 120, "round 5")
     workers[4].process.send_signal(signal.SIGKILL)
+    killed_at = len(read_jsonl(tmp_path / "server-1.jsonl"))  # (the slower shard's round)
     for i in (0, 1, 2, 3, 5):
         assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
     for s in range(CFG.num_shards):
@@ -111,7 +112,7 @@ def test_a_killed_worker_costs_one_deadline_not_one_per_round(processes, tmp_pat
         # the round the kill fell in waits for its deadline; every later one closes as
         # soon as the five others are in
         assert closed[0] == "deadline" and set(closed[1:]) == {"present"}, closed
-        assert len(after) >= CFG.rounds - 10
+        assert len(after) >= CFG.rounds - killed_at - 2  # every round from the kill on
     replay = read_participation(tmp_path, CFG.num_shards, CFG.num_workers, CFG.rounds)
     import torch
 
@@ -228,3 +229,22 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def test_a_resumed_insecure_run_never_runs_insecure_unless_told(tmp_path) -> None:
+    """The run directory's saved command says --insecure; a resume whose own command line
+    does not say it refuses, before starting anything, naming what to do."""
+    from click.testing import CliRunner
+
+    from common.errors import EXIT_CONFIG
+    from ps.launcher.cli import main as cluster_main
+
+    out = tmp_path / "run"
+    args = ["--dataset", "synthetic", "--workers", "2", "--shards", "1", "--rule", "mean",
+            "--q", "0", "--rounds", "2", "--out-dir", str(out), "--no-evaluator",
+            "--insecure"]
+    assert CliRunner().invoke(cluster_main, args).exit_code == 0
+    resumed = CliRunner().invoke(cluster_main, ["--resume", str(out)])
+    assert resumed.exit_code == EXIT_CONFIG
+    assert "resume it with --insecure" in resumed.output
+    assert not (out / "keys").exists()  # nothing was started or generated

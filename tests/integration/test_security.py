@@ -87,7 +87,8 @@ def test_a_worker_facing_an_impostor_exits_3_naming_the_endpoint(processes, tmp_
     create_keys(impostor, 1, CFG.num_workers)
     ctx = zmq.Context.instance()
     # a server that holds another run's key (a man in the middle without the real one)
-    sock, endpoint = bind_router(ctx, "tcp://127.0.0.1:*", KeyRing(impostor).server_curve(0))
+    curve = KeyRing(impostor).server_curve(0, CFG.num_workers)
+    sock, endpoint = bind_router(ctx, "tcp://127.0.0.1:*", curve)
     try:
         worker = processes.start("worker-0", "worker.cli", [
             "--servers", endpoint, "--worker-id", "0", "--timeout", "30", "--keys",

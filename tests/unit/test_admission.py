@@ -23,26 +23,24 @@ def test_a_barred_key_is_refused_for_good_the_others_not() -> None:
     decision = admission.admit(b"key-1", 1e6)
     assert not decision.admitted and "over-long" in decision.reason
     assert admission.admit(b"key-2", 0.0).admitted
-    assert admission.barred() == {"worker-1": "over-long message"}
     assert admission.refused["barred"] == 1
 
 
-def test_a_key_holds_at_most_its_connections_and_gets_one_back_when_one_closes() -> None:
-    admission = Admission(CLIENTS, max_connections=2, max_handshakes=100)
-    for _ in range(2):
-        assert admission.admit(b"key-1", 0.0).admitted
-        admission.attach(W1)
-    assert not admission.admit(b"key-1", 0.0).admitted
-    assert admission.admit(b"key-2", 0.0).admitted  # per key
-    admission.detach(W1)
-    assert admission.connections(W1) == 1 and admission.admit(b"key-1", 0.0).admitted
-
-
-def test_handshakes_beyond_the_rate_are_refused_until_the_window_passes() -> None:
-    admission = Admission(CLIENTS, max_handshakes=3, window_s=10.0)
-    assert all(admission.admit(b"key-1", t).admitted for t in (0.0, 1.0, 2.0))
-    assert not admission.admit(b"key-1", 3.0).admitted  # connections never attributed
-    assert admission.admit(b"key-1", 10.5).admitted  # the first left the window
+def test_a_key_holds_at_most_its_connections_counting_those_not_yet_named() -> None:
+    """Handshakes count as connections until a message names them (pending_s), then
+    the guard's count of attributed connections (``live``) does."""
+    live = {W1: 0}
+    admission = Admission(CLIENTS, max_connections=2, max_handshakes=100, pending_s=10.0)
+    admission.live = lambda identity: live.get(identity, 0)
+    assert admission.admit(b"key-1", 0.0).admitted and admission.admit(b"key-1", 0.1).admitted
+    decision = admission.admit(b"key-1", 0.2)  # two handshakes, no message yet
+    assert not decision.admitted and "2 connections" in decision.reason
+    assert admission.admit(b"key-2", 0.2).admitted  # per key
+    live[W1] = 2  # both named by a message: still two
+    assert not admission.admit(b"key-1", 10.5).admitted
+    live[W1] = 1  # one closed
+    assert admission.admit(b"key-1", 10.6).admitted
+    assert admission.refused["connections"] == 2
 
 
 def test_a_rate_limit_gives_the_burst_then_the_rate() -> None:

@@ -131,3 +131,20 @@ def test_verify_knows_which_workers_momentum_the_engine_cannot_reproduce(tmp_pat
     write(2, [0, 1, 3])  # caught up past round 2
     write(3, [0, 1, 2, 3])
     assert momentum_breaks(tmp_path, 4, 4) == [1, 2]
+
+
+@pytest.mark.parametrize(("saved", "given", "expected"), [
+    ({"insecure": True}, {}, {"keys": None}),  # the saved command never turns keys off
+    ({"keys": Path("k")}, {}, {"keys": Path("k")}),  # the run's own key directory
+    ({}, {}, {"keys": None}),  # keys generated for the run (<out-dir>/keys, reused)
+    ({}, {"insecure": True}, {"insecure": True}),  # this command line may
+    ({"insecure": True}, {"keys": Path("new")}, {"keys": Path("new")}),
+], ids=["saved-insecure", "saved-keys", "generated", "given-insecure", "given-keys"])
+def test_a_resumed_run_takes_insecure_only_from_its_own_command_line(saved, given,
+                                                                     expected) -> None:
+    from common.keys import SecurityOptions
+    from ps.launcher.cli import resumed_security
+
+    assert resumed_security(SecurityOptions(**saved), SecurityOptions(**given)) == \
+        SecurityOptions(**expected)
+

@@ -26,7 +26,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -323,12 +322,12 @@ def test_entrypoint_execs_the_process_and_keeps_no_log_copy(tmp_path: Path) -> N
     ready.write_text("stale")
     # PS_LOG_NAME: what the generators used to set for the entrypoint's log copy
     env = {"PS_OUT_DIR": str(tmp_path), "PS_READY_FILE": str(ready), "PS_LOG_NAME": "server-0"}
-    script = (f'test -e {ready} && echo stale-ready; echo "$$"; '
-              'trap "echo got-term; exit 7" TERM; while :; do sleep 0.05; done')
+    script = (f'test -e {ready} && echo stale-ready; '
+              'trap "echo got-term; exit 7" TERM; echo "$$"; while :; do sleep 0.05; done')
     proc = _entrypoint(env, "sh", "-c", script)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == str(proc.pid)  # exec'd: the same process
-    time.sleep(0.3)
+    # its pid is printed once the trap is set: exec'd, the same process
+    assert proc.stdout.readline().strip() == str(proc.pid)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 7 and "got-term" in out

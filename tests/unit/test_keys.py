@@ -61,10 +61,10 @@ def test_each_process_loads_its_own_secret_and_the_public_keys_it_checks() -> No
 def test_a_server_admits_only_the_keys_whose_scope_includes_its_shard(tmp_path: Path) -> None:
     create_keys(tmp_path / "k", 2, 2, proxies=(0,))
     ring = KeyRing(tmp_path / "k")
-    names = {s: sorted(i.name for i in ring.server_curve(s).clients.values()) for s in (0, 1)}
+    names = {s: sorted(i.name for i in ring.server_curve(s, 2).clients.values()) for s in (0, 1)}
     assert names == {0: ["evaluator", "proxy-0", "worker-0", "worker-1"],
                      1: ["evaluator", "worker-0", "worker-1"]}
-    assert sorted(i.name for i in ring.front_curve(0).clients.values()) == [
+    assert sorted(i.name for i in ring.front_curve(0, 2).clients.values()) == [
         "worker-0", "worker-1"]
 
 

@@ -171,11 +171,11 @@ def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
     """What the process of ``service`` loads from its key directory."""
     s = dep.cfg.num_shards
     if service.startswith("server-"):
-        curve = ring.server_curve(int(service.split("-")[1]))
+        curve = ring.server_curve(int(service.split("-")[1]), dep.cfg.num_workers)
         return curve.public, curve.secret, sorted(i.name for i in curve.clients.values())
     if service.startswith("proxy-"):
         k = int(service.split("-")[1])
-        front = ring.server_curve(k)
+        front = ring.front_curve(k, dep.cfg.num_workers)
         return (ring.client_curve(service, k), front.secret,
                 sorted(i.name for i in front.clients.values()))
     if service.startswith("worker-"):

@@ -1,0 +1,124 @@
+"""Writing checkpoints: atomically, durably, privately, off the server's critical path.
+
+A file is written to a temporary file unique to the writer (``tempfile.mkstemp`` in the
+same directory, mode 0600: no other writer's file is clobbered, no other user reads
+it), fsynced, renamed over the old one, and the directory fsynced: a process or machine
+that dies at any moment leaves the previous or the new checkpoint, never a torn one. A
+failed write (a full disk, no file descriptor left) removes its temporary file.
+
+Syncing costs milliseconds (under the quick-start load: median 4-5 ms, p90 10 ms, about
+a tenth of a round), so a server hands its checkpoints to a :class:`CheckpointWriter`
+thread: it saves the newest one handed to it (skipping any it had no time for), and at
+exit the last one is written before the process ends. A resumed server may therefore
+be a round or two behind its workers, which replay what it lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from server.checkpoint import seal
+from server.checkpoint.format import Checkpoint, encode
+
+log = logging.getLogger("ps.checkpoint")
+
+
+def encode_checkpoint(ckpt: Checkpoint, key: bytes | None) -> bytes:
+    """The bytes of ``ckpt``'s file (tagged with ``key``; None: unkeyed), in memory."""
+    head, arrays = encode(ckpt, keyed=key is not None)
+    return b"".join([head, seal.tag(key, head, arrays), *(a.tobytes() for a in arrays)])
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint, *, key: bytes | None) -> None:
+    """Write ``ckpt`` to ``path`` atomically and durably, tagged with ``key`` (None: an
+    unkeyed digest); ``OSError`` if it cannot, leaving no temporary file behind. The
+    arrays are hashed and written where they are, never copied."""
+    head, arrays = encode(ckpt, keyed=key is not None)
+    views = [memoryview(a).cast("B") for a in arrays]
+    write_atomically(path, head, seal.tag(key, head, views), *views)
+
+
+def write_atomically(path: Path, *parts: Any) -> None:
+    """``parts`` (buffers) into ``path``: a private temporary file of this writer's own
+    in the same directory, fsynced, renamed over ``path``, the directory fsynced; the
+    temporary file removed if anything fails."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class CheckpointWriter:
+    """Saves checkpoints to ``path`` (tagged with ``key``) in a background thread,
+    newest first.
+
+    ``submit`` never blocks and never raises; a failed save is logged, reported to
+    ``on_failure`` and retried with the next checkpoint. ``close`` finishes the thread
+    and writes the checkpoint it is given, in the caller's thread.
+    """
+
+    def __init__(self, path: Path, on_failure: Callable[[], None], *,
+                 key: bytes | None) -> None:
+        self.path = path
+        self.key = key
+        self.on_failure = on_failure
+        self._pending: Checkpoint | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def submit(self, ckpt: Checkpoint) -> None:
+        """Save ``ckpt`` soon (replacing one still waiting); its params must not change."""
+        with self._wake:
+            self._pending = ckpt
+            self._wake.notify()
+
+    def close(self, final: Checkpoint) -> None:
+        """Stop the thread, then save ``final`` now."""
+        with self._wake:
+            self._closed = True
+            self._pending = None
+            self._wake.notify()
+        self._thread.join()
+        self._save(final)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                ckpt, self._pending = self._pending, None
+            self._save(ckpt)
+
+    def _save(self, ckpt: Checkpoint) -> None:
+        try:
+            save_checkpoint(self.path, ckpt, key=self.key)
+        except OSError as exc:
+            self.on_failure()
+            log.error("checkpoint of round %d to %s failed (%s); retrying at the next one",
+                      ckpt.round, self.path, exc)
