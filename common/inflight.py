@@ -51,13 +51,14 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.admission import PENDING_S
 from common.budgets import LogThrottle
 from common.keys import Identity
 
 log = logging.getLogger("ps.transport")
 
 INTERVAL_S = 0.02
-IDLE_CUT_S = 10.0  # = common.admission.PENDING_S
+IDLE_CUT_S = PENDING_S  # the admission counts a connection no message named this long
 # A CURVE frame travels as a MESSAGE command: its name (1 + 7 bytes), short nonce (8),
 # MAC (16) and flags (1) around the payload (libzmq 4.x, ZMTP 3).
 CURVE_MESSAGE_OVERHEAD = 33

@@ -190,12 +190,13 @@ def receive(sock: zmq.Socket, max_bytes: int | None = None,
     them (a message without one is refused, ``forbidden``).
     """
     frames: list[Any] = []
-    size = wire = cost = 0
+    size = wire = cost = count = 0
     too_large = False
     while True:
         frame = sock.recv(copy=False)
         length = len(frame)
         size += length
+        count += 1
         cost += length + FRAME_COST
         wire += wire_bytes(length, authenticated)
         if max_bytes is not None and cost > max_bytes and not too_large:
@@ -213,8 +214,9 @@ def receive(sock: zmq.Socket, max_bytes: int | None = None,
             error = ProtocolError("no authenticated key", ErrorCode.FORBIDDEN)
             return Incoming(frames[:1], None, error, frames, size, None, fd, wire)
     if too_large:
-        error = ProtocolError(f"message of more than {max_bytes} bytes, larger than any "
-                              f"legal message here", ErrorCode.TOO_LARGE)
+        error = ProtocolError(f"message of {size:,} bytes in {count:,} frames, larger than "
+                              f"any legal message here ({max_bytes:,} bytes, a frame "
+                              f"counting {FRAME_COST})", ErrorCode.TOO_LARGE)
         return Incoming(frames, None, error, frames, size, identity, fd, wire)
     try:
         envelope, body = split_envelope(frames)

@@ -84,6 +84,7 @@ ROLES = ("worker", "evaluator", "proxy", "monitor")
 LOG_EVERY_ROUNDS = 50
 CHECKPOINT_FAILED = "checkpoint-failed"
 REPEATED_PUSH = "repeated-push"
+REPEATED_PULL = "repeated-pull"  # a PULL of a (peer, round) already parked
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 
 
@@ -222,8 +223,7 @@ class ServerCore:
             code = incoming.error.code if incoming.error else ErrorCode.MALFORMED
             if code is ErrorCode.TOO_LARGE and identity is not None:
                 self.counters[code.value] += 1
-                self.bar(identity, f"sent a message of {incoming.size:,} bytes, larger than "
-                         "any legal one")
+                self.bar(identity, f"sent a {incoming.error}")
                 return []
             return self._refuse(principal, envelope, code, str(incoming.error), now)
         header = incoming.message.header
@@ -233,6 +233,8 @@ class ServerCore:
                 return self._on_hello(envelope, incoming.peer, header, incoming, principal, now)
             if isinstance(header, Pull):
                 self.sessions.require(incoming.peer)
+                if (incoming.peer, header.round) in self.parked:  # replaces it: one reply
+                    self.counters[REPEATED_PULL] += 1
                 return self._on_pull(envelope, incoming.peer, header)
             if isinstance(header, Push):
                 session = self.sessions.require(incoming.peer)
@@ -390,10 +392,11 @@ class ServerCore:
         if m.missing:
             newly = [w for w in m.missing if not self.absent[w]]
             self.absent[m.missing] = True
-            if newly:  # once per worker that went missing, not once per round
+            held = self.peers.loggable("absent", "deadline", now) if newly else None
+            if held is not None:  # (a worker that says HELLO each round goes missing again)
                 log.info("round %d closed at its deadline without workers %s: absent from "
-                         "now on (later rounds close once every present worker is in)",
-                         m.round, newly)
+                         "now on (later rounds close once every present worker is in)%s",
+                         m.round, newly, f"; {held} such lines held back" if held else "")
         if self.state.finished:
             self.finished_at = now
         replies = []

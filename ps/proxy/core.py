@@ -68,6 +68,9 @@ log = logging.getLogger("ps.proxy")
 # Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
 MAX_ROUTES = 4096
 MAX_ERROR_TEXT = 2000
+# After a reply of the last round, how long the proxy waits for the others of it when
+# fewer than n come (a round deadline closed the last round without some workers).
+FINAL_QUIET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,17 @@ class ProxyCore:
         self.counters: Counter[str] = Counter()
         self.round = welcome.round  # the server's current round, as far as replies tell
         self.final_acks = 0
+        self.last_round_replied: float | None = None  # when a reply of the last round came
         self.shard = welcome.shard
         self.peers = PeerPolicy(self.counters, log, on_bar)
 
-    @property
-    def finished(self) -> bool:
-        """The n ACKs of the last round went back to the workers."""
-        return self.final_acks >= self.cfg.num_workers
+    def done(self, now: float) -> bool:
+        """The replies of the last round went back: all n ACKs, or (a round deadline:
+        absent workers push nothing) none more for ``FINAL_QUIET_S``."""
+        if self.final_acks >= self.cfg.num_workers:
+            return True
+        return (self.last_round_replied is not None
+                and now - self.last_round_replied >= FINAL_QUIET_S)
 
     # -- worker -> server --------------------------------------------------------
 
@@ -138,8 +145,7 @@ class ProxyCore:
                 code = error.code if error else ErrorCode.MALFORMED
                 if code is ErrorCode.TOO_LARGE and identity is not None:
                     self.counters[code.value] += 1
-                    self.peers.bar(identity, f"sent a message of {incoming.size:,} bytes, larger "
-                             "than any legal one")
+                    self.peers.bar(identity, f"sent a {incoming.error}")
                     return []
                 raise Refused(code, str(error))
             header = msg.header
@@ -230,7 +236,8 @@ class ProxyCore:
 
     # -- server -> worker --------------------------------------------------------
 
-    def from_server(self, incoming: Incoming) -> list[Outgoing]:
+    def from_server(self, incoming: Incoming, now: float | None = None) -> list[Outgoing]:
+        """What a server's reply becomes on its way back (PARAMS maybe corrupted)."""
         if not incoming.envelope:
             return []  # a late reply to the proxy's own HELLO
         msg = incoming.message
@@ -243,6 +250,10 @@ class ProxyCore:
             self._follow(header.round)
         if isinstance(header, Ack) and header.round == self.cfg.rounds - 1:
             self.final_acks += 1
+        last_round_reply = (header.round == self.cfg.rounds - 1 if isinstance(header, Ack)
+                            else isinstance(header, Params) and header.round == self.cfg.rounds)
+        if last_round_reply:
+            self.last_round_replied = time.monotonic() if now is None else now
         if isinstance(header, Params) and self.attack.corrupt_params:
             worker = self.tables.puller.get(incoming.peer, -1)
             values, changed = self.corruptor.corrupt_params(header.round, worker, msg.tensor())
@@ -271,18 +282,26 @@ class ProxyCore:
         self.round = round_
         for r in stale:
             del self.tables.held[r]
-        for r in gone:
-            del self.tables.tallies[r]
+        for r in gone:  # a round that closed without some workers: its line now
+            tally = self.tables.tallies.pop(r)
+            if round_ > r and tally.pushes:
+                self._write_tally(r, tally)
 
     # -- metrics -----------------------------------------------------------------
 
     def _tally(self, round_: int, changed: int, pushes: int = 1) -> None:
-        """Count a round's relayed pushes; write its line once all n went through."""
+        """Count a round's relayed pushes; write its line once all n went through (or
+        once the server moved past it without some: ``_follow``)."""
         tally = self.tables.tallies[round_]
         tally.pushes += pushes
         tally.corrupted += changed
         if tally.pushes >= self.cfg.num_workers:
-            self.metrics.write({"time": time.time(), "round": round_, "pushes": tally.pushes,
-                                "corrupted_values": tally.corrupted,
-                                "errors": sum(self.counters.values())})
-            del self.tables.tallies[round_]
+            self._write_tally(round_, self.tables.tallies.pop(round_))
+
+    def _write_tally(self, round_: int, tally: _RoundTally) -> None:
+        """A round's metrics line, with the proxy's counters (what it refused, barred,
+        left unanswered: a STATUS through the proxy reaches the server's)."""
+        self.metrics.write({"time": time.time(), "round": round_, "pushes": tally.pushes,
+                            "corrupted_values": tally.corrupted,
+                            "errors": sum(self.counters.values()),
+                            "counters": dict(self.counters)})

@@ -91,19 +91,19 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         poller.register(front.sock, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
         try:
-            while not core.finished:
+            while not core.done(time.monotonic()):
                 check_stop()
                 events = dict(poller.poll(POLL_MS))
                 outgoing = []
                 if front.sock in events:
                     outgoing += core.from_worker(front.receive(), time.monotonic())
                 if back in events:
-                    outgoing += core.from_server(receive(back, largest))
+                    outgoing += core.from_server(receive(back, largest), time.monotonic())
                 for identity, why in front.offences():
                     core.offence(identity, why, time.monotonic())
                 for o in outgoing:
                     send_frames(back if o.to_server else front.sock, o.frames)
-            log.info("the last round's pushes were all acknowledged; exiting")
+            log.info("the last round's replies went back; exiting")
         finally:
             metrics.close()
     finally:

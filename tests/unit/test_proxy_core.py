@@ -244,6 +244,18 @@ def test_omniscient_writes_one_metrics_line_per_round(tmp_path) -> None:
     assert [line["errors"] for line in lines] == [0, 1]  # refusals so far
 
 
+def test_a_round_the_server_closed_without_some_workers_still_gets_its_line(tmp_path) -> None:
+    """Absent workers never push: the line of a round is written once the server moved
+    past it (it used to wait for n pushes, so a quorum run's proxy wrote none)."""
+    metrics = JsonlWriter(tmp_path / "p.jsonl")
+    core = make_core(attack(**GAMBLER), metrics)
+    forward_all(core, [push(w) for w in range(N - 1)])
+    core.from_server(server_says(Ack(round=1, worker=0)))  # the server is at round 1
+    metrics.close()
+    [line] = read_jsonl(tmp_path / "p.jsonl")
+    assert line["round"] == 0 and line["pushes"] == N - 1 and line["counters"] == {}
+
+
 def test_omniscient_drops_held_pushes_of_a_round_the_server_has_left() -> None:
     core = make_core(attack(**OMNISCIENT))
     forward_all(core, [push(0, round_=0), push(1, round_=0)])
@@ -595,15 +607,29 @@ def test_params_for_a_pull_with_an_out_of_range_worker_are_relayed() -> None:
 # --------------------------------------------------------------------------- exit
 
 
-def test_finished_after_the_n_acks_of_the_last_round() -> None:
+def test_done_after_the_n_acks_of_the_last_round() -> None:
     core = make_core(attack(**GAMBLER))
     last = CFG.rounds - 1
     for worker in range(N):  # the ACKs of an earlier round do not count
         ack = incoming(env(worker), Ack(round=last - 1, worker=worker))
-        assert core.from_server(ack) == [Outgoing(False, ack.frames)]
-    assert not core.finished
+        assert core.from_server(ack, 0.0) == [Outgoing(False, ack.frames)]
+    assert not core.done(1e9)
     for worker in range(N):
-        assert not core.finished
+        assert not core.done(0.0)
         ack = incoming(env(worker), Ack(round=last, worker=worker))
-        assert core.from_server(ack) == [Outgoing(False, ack.frames)]
-    assert core.finished
+        assert core.from_server(ack, 0.0) == [Outgoing(False, ack.frames)]
+    assert core.done(0.0)
+
+
+def test_done_when_the_last_rounds_replies_stop_short_of_n() -> None:
+    """A round deadline closed the last round without a worker: its ACK never comes, so
+    the proxy leaves once no reply of that round came for FINAL_QUIET_S."""
+    from ps.proxy.core import FINAL_QUIET_S
+
+    core = make_core(attack(**GAMBLER))
+    for worker in range(N - 1):
+        core.from_server(incoming(env(worker), Ack(round=CFG.rounds - 1, worker=worker)),
+                         10.0 + worker)
+    last = 10.0 + N - 2
+    assert not core.done(last + FINAL_QUIET_S - 0.01)
+    assert core.done(last + FINAL_QUIET_S)

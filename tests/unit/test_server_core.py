@@ -489,7 +489,7 @@ def test_repeated_pull_of_a_parked_round_replaces_it_without_growing() -> None:
     assert pull(core, 1, peer=b"early") == []
     assert pull(core, 2, peer=b"early") == []
     assert pull(core, 1, peer=b"early") == []  # the per-peer limit is reached: no error
-    assert len(core.parked) == 2 and core.counters == {}
+    assert len(core.parked) == 2 and core.counters == {"repeated-pull": 1}
     replies = [r for _ in range(2) for r in run_rounds_replies(core)]
     params = [r for r in replies if isinstance(r.header, Params)]
     assert [r.header.round for r in params] == [1, 2]  # each answered once

@@ -105,7 +105,8 @@ def test_without_a_deadline_nobody_is_ever_absent() -> None:
 
 
 def too_large(identity: Identity | None, peer: bytes = b"thief") -> Incoming:
-    error = ProtocolError("message of more than 100 bytes", ErrorCode.TOO_LARGE)
+    error = ProtocolError("message of 2,000,000,000 bytes in 477 frames, larger than any "
+                          "legal message here", ErrorCode.TOO_LARGE)
     return Incoming(envelope=[peer], message=None, error=error, frames=[peer],
                     size=2_000_000_000, identity=identity)
 
