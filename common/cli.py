@@ -1,22 +1,23 @@
 """Click commands built from the settings declarations (``common.settings``).
 
-A command names the dataclasses whose settings it takes; :func:`options_for` adds
-one click option per setting that the command's roles take, with its flag, its
-``PS_*`` variable (shown in ``--help``), its default, choices or range, and help.
-The command's function then rebuilds the dataclass instances with
+A :class:`common.settings.Command` (its entry in ``ps.commands.COMMANDS``) names the
+dataclasses whose settings the command takes; :func:`options_for` adds one click
+option per setting that the command's roles take, with its flag, its ``PS_*``
+variable (shown in ``--help``), its default, choices or range, and help. The
+command's function then rebuilds the dataclass instances with
 :func:`common.settings.take`. Nothing here knows any particular setting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from common.errors import EXIT_CODES_TEXT, ConfigError
-from common.settings import COMMAND_ROLES, Declared, declared, parse_int_list
+from common.settings import Command, Declared, parse_int_list
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True,
                     "max_content_width": 100}
@@ -24,19 +25,13 @@ EPILOG = (EXIT_CODES_TEXT + " Every option can also be set with the PS_* environ
           "variable shown (flag > environment > default).")
 
 
-def settings_of(command: str, classes: Iterable[type]) -> list[Declared]:
-    """The settings of ``classes`` that command ``command`` (e.g. "ps-server") takes."""
-    roles = COMMAND_ROLES[command]
-    return [d for cls in classes for d in declared(cls) if d.takes(roles)]
-
-
-def options_for(command: str, classes: Iterable[type]) -> Callable[[Callable], Callable]:
-    """A decorator adding the click options of ``classes`` for ``command``."""
-    found = settings_of(command, classes)
+def options_for(command: Command) -> Callable[[Callable], Callable]:
+    """A decorator adding the click options of the settings ``command`` takes."""
+    found = command.settings()
     params = [d.param for d in found]
     duplicated = {p for p in params if params.count(p) > 1}
     if duplicated:
-        raise TypeError(f"{command}: settings declared twice: {sorted(duplicated)}")
+        raise TypeError(f"{command.name}: settings declared twice: {sorted(duplicated)}")
 
     def apply(f: Callable) -> Callable:
         for d in reversed(found):
@@ -46,13 +41,13 @@ def options_for(command: str, classes: Iterable[type]) -> Callable[[Callable], C
     return apply
 
 
-def settings_command(command: str, classes: Iterable[type]) -> Callable[[Callable], click.Command]:
-    """A decorator making a click command ``command`` whose options are the settings of
-    ``classes`` that the command's roles take (and the common help and epilog)."""
+def settings_command(command: Command) -> Callable[[Callable], click.Command]:
+    """A decorator making the click command ``command`` whose options are the settings
+    it takes (and the common help and epilog)."""
 
     def make(f: Callable) -> click.Command:
-        return click.command(command, context_settings=CONTEXT_SETTINGS,
-                             epilog=EPILOG)(options_for(command, classes)(f))
+        return click.command(command.name, context_settings=CONTEXT_SETTINGS,
+                             epilog=EPILOG)(options_for(command)(f))
 
     return make
 
@@ -68,6 +63,8 @@ def _click_option(d: Declared) -> Callable[[Callable], Callable]:
                       callback=_int_list_callback, metavar="IDS")
     else:
         kwargs.update(type=_click_type(d), default=d.default)
+    if d.shown_default is not None:
+        kwargs["show_default"] = d.shown_default
     return click.option(*names, **kwargs)
 
 

@@ -32,6 +32,7 @@ from common.models import MODELS
 from common.rules import RuleError, rule_class, rule_names
 from common.rules.pre import chain_rows, check_chain, parse_chain
 from common.settings import (
+    EXPERIMENT,
     LAUNCHERS,
     PROXY,
     ROLES,
@@ -44,6 +45,9 @@ from common.settings import (
 )
 
 RUN_CONFIG_FILE = "config.json"  # a run's settings and attack, in its output directory
+# the roles of a run's settings that a grid of runs (ps-experiment) takes too: those it
+# does not vary
+RUN_AND_GRID = (*ROLES, EXPERIMENT)
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,14 @@ class RunConfig:
 
     model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN; wide: "
                          "an MLP of 10.6M parameters, for scaling benchmarks.",
-                         roles=ROLES, hashed=True, choices=lambda: tuple(MODELS))
+                         roles=RUN_AND_GRID, hashed=True, choices=lambda: tuple(MODELS))
     dataset: str = setting("fashion-mnist", "Training data; fashion-mnist is found at "
                            "Debian's /usr/share/datasets/fashion-mnist, the others read "
-                           "--data-dir.", roles=ROLES, hashed=True, choices=dataset_names)
+                           "--data-dir.", roles=RUN_AND_GRID, hashed=True,
+                           choices=dataset_names)
     num_workers: int = setting(20, "Number of workers n (every server waits for n pushes "
                                "per round).", flag="--workers", short="-n",
-                               roles=ROLES, hashed=True, minimum=1)
+                               roles=RUN_AND_GRID, hashed=True, minimum=1)
     num_shards: int = setting(4, "Number of server nodes S; the model is split into S "
                               "contiguous shards.", flag="--shards", short="-S",
                               roles=ROLES, hashed=True, minimum=1)
@@ -89,7 +94,7 @@ class RunConfig:
         "again at 0.", roles=ROLES, hashed=True, minimum=0.0, maximum=1.0)
     batch_size: int = setting(32, "Minibatch size per worker and round.", roles=ROLES,
                               hashed=True, minimum=1)
-    rounds: int = setting(500, "Synchronous rounds to run.", roles=ROLES, hashed=True,
+    rounds: int = setting(500, "Synchronous rounds to run.", roles=RUN_AND_GRID, hashed=True,
                           minimum=1)
     seed: int = setting(0, "Run seed: model init, data partition, minibatches, attacks.",
                         roles=ROLES, hashed=True, minimum=0)

@@ -5,7 +5,8 @@ choices or range, command-line flag, ``PS_*`` environment variable, the roles
 (processes) that take it and whether it enters the run hash. Everything else is
 derived from that declaration:
 
-* the click options of every command (``common.cli.options_for``) and so ``--help``;
+* the click options of every command (``common.cli.options_for``) and so ``--help``,
+  from the one table of which settings classes each command takes (``ps.commands``);
 * the values a command was given, back as dataclass instances (``take``);
 * the argv a launcher hands a child process (``to_argv``) and the environment a
   compose service gets (``to_environ``);
@@ -15,7 +16,9 @@ derived from that declaration:
 Precedence, everywhere: command-line flag > ``PS_*`` environment variable > default.
 
 Roles name the kinds of process, not the commands: ``ps-worker`` serves the roles
-``worker`` and ``evaluator`` (see :data:`COMMAND_ROLES`).
+``worker`` and ``evaluator`` (a :class:`Command` names its roles). ``ps-experiment``,
+which runs grids of runs, has the role ``experiment``: it takes the few run settings
+that a grid does not vary (``--dataset``, ``--workers``, ...).
 """
 
 from __future__ import annotations
@@ -34,14 +37,10 @@ from common.errors import ConfigError
 SERVER, WORKER, EVALUATOR, PROXY, CLUSTER, SIMULATE = (
     "server", "worker", "evaluator", "proxy", "cluster", "simulate",
 )
+# The roles of a run's processes (a setting of every run takes ``roles=ROLES``).
 ROLES: tuple[str, ...] = (SERVER, WORKER, EVALUATOR, PROXY, CLUSTER, SIMULATE)
-COMMAND_ROLES: dict[str, frozenset[str]] = {
-    "ps-server": frozenset({SERVER}),
-    "ps-worker": frozenset({WORKER, EVALUATOR}),
-    "ps-proxy": frozenset({PROXY}),
-    "ps-cluster": frozenset({CLUSTER}),
-    "ps-simulate": frozenset({SIMULATE}),
-}
+EXPERIMENT = "experiment"  # ps-experiment: a grid of runs, not one of a run's processes
+ALL_ROLES: tuple[str, ...] = (*ROLES, EXPERIMENT)
 # Roles that start a whole run and so take every setting of the run and its attack.
 LAUNCHERS = frozenset({CLUSTER, SIMULATE})
 METADATA_KEY = "setting"
@@ -86,7 +85,7 @@ def setting(
     attacks do from where they can run); ``choices`` may be a callable read when a
     command is built, so a registry's names are always current.
     """
-    unknown = set(roles or ()) - set(ROLES)
+    unknown = set(roles or ()) - set(ALL_ROLES)
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}")
     spec = Setting(help=help, roles=None if roles is None else frozenset(roles), flag=flag,
@@ -107,6 +106,7 @@ class Declared:
     flag: str
     env: str
     roles: frozenset[str]
+    shown_default: str | None = None  # --help's text for a default a command left unset
 
     @property
     def param(self) -> str:
@@ -168,6 +168,42 @@ def _value_type(hint: Any, where: str) -> tuple[type, bool]:
     if hint in (int, float, str, bool, Path):
         return hint, optional
     raise TypeError(f"{where}: unsupported setting type {hint}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command: the roles it serves and the settings classes it takes (the table of
+    every command is ``ps.commands.COMMANDS``).
+
+    ``classes`` is read when asked (a registry, such as the attacks', may have grown);
+    ``unset`` names settings the command leaves unset (None) by default, each with the
+    text its ``--help`` shows for what decides them then.
+    """
+
+    name: str
+    roles: frozenset[str]
+    classes: Callable[[], tuple[type, ...]]
+    unset: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def settings(self) -> list[Declared]:
+        """The settings this command takes, in the order of its classes."""
+        found = [d for cls in self.classes() for d in declared(cls) if d.takes(self.roles)]
+        missing = set(self.unset) - {d.name for d in found}
+        if missing:
+            raise TypeError(f"{self.name}: unset names no setting it takes: {sorted(missing)}")
+        return [dataclasses.replace(d, default=None, optional=True,
+                                    shown_default=self.unset[d.name])
+                if d.name in self.unset else d for d in found]
+
+    def handed(self, instances: Iterable[Any]) -> list[Any]:
+        """``instances``, to be handed to a process of this command; ``TypeError`` for one
+        of a class the command does not take (the process would refuse its flags)."""
+        classes = self.classes()
+        given = list(instances)
+        foreign = [type(i).__name__ for i in given if type(i) not in classes]
+        if foreign:
+            raise TypeError(f"{self.name} takes no settings of {', '.join(foreign)}")
+        return given
 
 
 def take(cls: type, values: Mapping[str, Any], roles: Iterable[str], **fixed: Any) -> Any:
@@ -272,7 +308,7 @@ def hashed_values(instance: Any) -> dict[str, Any]:
 def markdown_table(classes: Sequence[type], roles: Iterable[str] | None = None) -> str:
     """A markdown table of the settings of ``classes`` (for the README)."""
     rows = ["| flag | variable | default | taken by | |", "|---|---|---|---|---|"]
-    wanted = set(roles or ROLES)
+    wanted = set(roles or ALL_ROLES)
     for cls in classes:
         for d in declared(cls):
             if not d.takes(wanted):
@@ -281,7 +317,7 @@ def markdown_table(classes: Sequence[type], roles: Iterable[str] | None = None) 
                 "–" if d.default is None or d.default == () else f"`{d.render(d.default)}`")
             if d.kind is bool:
                 default = "off"
-            taken = ", ".join(r for r in ROLES if r in d.roles)
+            taken = ", ".join(r for r in ALL_ROLES if r in d.roles)
             text = d.spec.help.replace("|", "\\|")
             if d.spec.hashed:
                 text += " *(run hash)*"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the README's tables of rules, attacks, datasets and settings from their
-declarations (the rule, attack and dataset registries; ``common.settings``).
+declarations (the rule, attack and dataset registries; ``common.settings``, and
+``ps.commands`` for which settings classes the commands take).
 
     python3 scripts/gen_docs.py           # rewrite the generated blocks of README.md
     python3 scripts/gen_docs.py --check   # exit 1 if README.md is stale
@@ -19,15 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.attacks import ATTACKS, ValueAttack  # noqa: E402
-from common.config import AttackConfig, RunConfig  # noqa: E402
 from common.data import DATASETS  # noqa: E402
-from common.process import ProcessOptions  # noqa: E402
 from common.rules import RULES  # noqa: E402
 from common.settings import PROXY, WORKER, declared, markdown_table  # noqa: E402
-from ps.launcher.options import ClusterOptions  # noqa: E402
-from ps.proxy.options import ProxyOptions  # noqa: E402
-from server.options import ServerOptions  # noqa: E402
-from worker.options import ClientOptions, EvalOptions  # noqa: E402
+from ps.commands import COMMANDS, setting_classes  # noqa: E402
 
 README = ROOT / "README.md"
 
@@ -57,9 +53,10 @@ def datasets_table() -> str:
 
 
 def settings_table() -> str:
-    return markdown_table((RunConfig, AttackConfig, *ATTACKS.values(), ServerOptions,
-                           ProxyOptions, ClientOptions, EvalOptions, ClusterOptions,
-                           ProcessOptions))
+    """Every setting of every command; the classes most commands take first."""
+    classes = setting_classes()
+    takers = {cls: sum(cls in c.classes() for c in COMMANDS.values()) for cls in classes}
+    return markdown_table(sorted(classes, key=lambda cls: -takers[cls]))
 
 
 BLOCKS = {"rules": rules_table, "attacks": attacks_table, "datasets": datasets_table,

@@ -11,17 +11,17 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
-from common.settings import COMMAND_ROLES, take
+from common.settings import take
+from ps.commands import COMMANDS
 from server.options import ServerOptions
 
-COMMAND = "ps-server"
-SETTINGS = (ServerOptions, RunConfig, SecurityOptions, ProcessOptions)
+COMMAND = COMMANDS["ps-server"]
 
 
 def build_command() -> click.Command:
     """The ``ps-server`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND, SETTINGS)
+    @settings_command(COMMAND)
     def main(**values: Any) -> None:
         """Run one server node: aggregate shard SHARD of the model with the robust rule.
 
@@ -30,14 +30,14 @@ def build_command() -> click.Command:
         aggregates them coordinate-wise with --rule, updates its parameters and serves
         the next round, for --rounds rounds.
         """
-        roles = COMMAND_ROLES[COMMAND]
+        roles = COMMAND.roles
         options = take(ServerOptions, values, roles)
         process = take(ProcessOptions, values, roles)
         security = take(SecurityOptions, values, roles)
 
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
-            keys = security.ring(COMMAND)
+            keys = security.ring(COMMAND.name)
             if not options.shard < cfg.num_shards:
                 raise ConfigError(
                     f"--shard must be in 0..{cfg.num_shards - 1}, got {options.shard}")

@@ -7,37 +7,35 @@ from typing import Any
 
 import click
 
-from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
-from common.settings import COMMAND_ROLES, take
+from common.settings import take
+from ps.commands import COMMANDS
 from worker.options import ClientOptions, EvalOptions
 
-COMMAND = "ps-worker"
+COMMAND = COMMANDS["ps-worker"]
 
 
 def build_command() -> click.Command:
     """The ``ps-worker`` command, its options derived from the settings declarations."""
-    settings = (ClientOptions, EvalOptions, AttackConfig, *ATTACKS.values(), RunConfig,
-                SecurityOptions, ProcessOptions)
 
-    @settings_command(COMMAND, settings)
+    @settings_command(COMMAND)
     def main(**values: Any) -> None:
         """Run one worker: each round pull the parameters from every shard, compute a
         stochastic gradient on this worker's data partition, push each shard its slice.
         With --evaluate, run the evaluator instead.
         """
-        roles = COMMAND_ROLES[COMMAND]
+        roles = COMMAND.roles
         options = take(ClientOptions, values, roles)
         process = take(ProcessOptions, values, roles)
         name = "evaluator" if options.evaluate else f"worker[{options.worker_id}]"
 
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
-            keys = take(SecurityOptions, values, roles).ring(COMMAND)
+            keys = take(SecurityOptions, values, roles).ring(COMMAND.name)
             if options.evaluate:
                 from worker.evaluator import run_evaluator
 

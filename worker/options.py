@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.settings import CLUSTER, EVALUATOR, SIMULATE, WORKER, setting
+from common.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
 
 CLIENTS = (WORKER, EVALUATOR)
 
@@ -24,7 +24,7 @@ class ClientOptions:
                              "top-1 and top-3 every --eval-every rounds.", roles=(EVALUATOR,))
     data_dir: Path | None = setting(None, "Directory holding the dataset files (not needed for "
                                     "fashion-mnist from Debian or synthetic).",
-                                    roles=(*CLIENTS, CLUSTER, SIMULATE))
+                                    roles=(*CLIENTS, CLUSTER, SIMULATE, EXPERIMENT))
     timeout_s: float = setting(60.0, "Seconds to wait for each reply before reconnecting and "
                                "resending.", flag="--timeout",
                                roles=(*CLIENTS, CLUSTER), minimum=0.001)
@@ -44,7 +44,9 @@ class EvalOptions:
     """When and on what the evaluator measures the model."""
 
     eval_every: int = setting(25, "Rounds between evaluations (the last round is always "
-                              "evaluated).", roles=(EVALUATOR, CLUSTER, SIMULATE), minimum=1)
+                              "evaluated).", roles=(EVALUATOR, CLUSTER, SIMULATE, EXPERIMENT),
+                              minimum=1)
     eval_samples: int | None = setting(None, "Evaluate on the first N test samples only "
-                                       "(default: all).", roles=(EVALUATOR, CLUSTER, SIMULATE),
+                                       "(default: all).",
+                                       roles=(EVALUATOR, CLUSTER, SIMULATE, EXPERIMENT),
                                        minimum=1)

@@ -70,6 +70,7 @@ from common.settings import (
     from_environ,
     to_environ,
 )
+from ps.commands import DEPLOYED, command_of, setting_classes
 from ps.deploy import resources
 from ps.proxy.options import ProxyOptions
 from server.options import ServerOptions, check_replayable
@@ -88,12 +89,6 @@ SETUP_SERVICES = ("runs-dir", "keys")
 ARGS_MARK = "# gen_compose.py options: "
 SCRIPT = "docker/gen_compose.py"
 RESTART_POLICY = "on-failure:3"  # a node that died comes back (not a finished one)
-
-
-def setting_classes() -> tuple[type, ...]:
-    """Every class whose settings an env file may set (the attacks registered now)."""
-    return (RunConfig, AttackConfig, *ATTACKS.values(), ServerOptions, ProxyOptions,
-            ClientOptions, EvalOptions, SecurityOptions, ProcessOptions)
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -137,7 +132,8 @@ class Deployment:
 
 def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment:
     """Parse and validate the env file's settings and the topology options."""
-    known = {d.env for cls in setting_classes() for d in declared(cls)}
+    # an env file may set the settings of the commands the containers run
+    known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
     unknown = sorted(k for k in env if k not in known)
     if unknown:
         raise ConfigError(f"not a setting: {', '.join(unknown)} (see `ps-cluster --help`)")
@@ -175,8 +171,10 @@ def command_for(options: dict, script: str = SCRIPT) -> str:
 
 
 def _environment(role: str, *settings: Any) -> dict[str, str]:
+    """The variables that give a ``role`` process every setting of ``settings`` it takes
+    (``TypeError`` for settings its command does not take)."""
     env: dict[str, str] = {}
-    for instance in settings:
+    for instance in command_of(role).handed(settings):
         env.update(to_environ(instance, role))
     return env
 

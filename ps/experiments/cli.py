@@ -12,15 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from common.data import dataset_names
+from common.cli import options_for
 from common.errors import ConfigError, PeerError
-from common.models import MODELS
 from common.process import ProcessOptions, run_process
 from common.rules import RuleError
+from ps.commands import COMMANDS
 from ps.experiments.grid import (
     EXTRA_RULES,
+    MNIST_RECIPE,
     PAPER_RULES,
+    RECIPES,
     SCENARIOS,
     Cell,
     GridSpec,
@@ -38,39 +41,41 @@ from ps.experiments.modern import (
 from ps.experiments.report import ReportInfo
 
 VERIFY_FILE = "verify.json"  # the last --verify-sample results, shown in every report
+COMMAND = COMMANDS["ps-experiment"]
+DEPRECATED_WORKERS = "num_workers_deprecated"  # --num-workers, the old name of --workers
+MIN_WORKERS = 3  # a grid's attacks take the first 6/20 of the workers, at least one
+CIFAR = RECIPES["cifar10"]
 
 
-@click.group()
+GRID_EPILOG = (f"Without --rounds a grid runs its recipe's: {MNIST_RECIPE.rounds} rounds "
+             f"(cifar10: {CIFAR.rounds}; the modern grid: {MODERN_ROUNDS}); without --model, "
+             f"its dataset's: {MNIST_RECIPE.model} ({CIFAR.model} for cifar10, with lr "
+             f"{CIFAR.lr:g}, batch {CIFAR.batch_size} and top-3 accuracy). n defaults to the "
+             "paper's 20; the classic-model attacks take the first 6/20 of the workers. The "
+             "run settings can also be given by their PS_* variables (flag > environment > "
+             "default). --num-workers is the deprecated name of --workers.")
+
+
+@click.group(epilog=GRID_EPILOG, context_settings={"show_default": True})
 def main() -> None:
     """Run the paper's experiments (Xie, Koyejo, Gupta 2018), and the field's newer
     defences against its newer attacks, as grids of cached cells."""
 
 
 def grid_options(function: Callable[..., None]) -> Callable[..., None]:
-    """The options every grid takes: where, how long, which data, which engine."""
+    """The options every grid takes: the run settings it does not vary, declared where
+    every command's are (``ps.commands``: --dataset, --model, --workers, --rounds,
+    --data-dir, --eval-every, --eval-samples), and where, how many seeds, which engine."""
     options = [
         click.option("--out", "out", required=True, type=click.Path(path_type=Path),
                      help="Output directory (cells/, results.jsonl, report.md, *.png); run "
                      "again to resume: finished cells are never recomputed."),
         click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
                      help="Seeds per cell (the paper: 10)."),
-        click.option("--rounds", default=None, type=click.IntRange(1),
-                     help="Rounds per cell [default: the paper's, 500 (the modern grid: "
-                     f"{MODERN_ROUNDS}); 4000 for cifar10]."),
-        click.option("--dataset", default="fashion-mnist", show_default=True,
-                     type=click.Choice(dataset_names()),
-                     help="mnist and cifar10 need --data-dir; Fashion-MNIST is found "
-                     "offline."),
-        click.option("--data-dir", default=None, help="Directory of the dataset's files."),
-        click.option("--model", default=None, type=click.Choice(sorted(MODELS)),
-                     help="[default: the paper's: mlp; cnn for cifar10 (with lr 5e-4, batch "
-                     "128 and top-3 accuracy)]."),
-        click.option("--num-workers", default=20, show_default=True, type=click.IntRange(3),
-                     help="n (the paper: 20; the classic-model attacks take the first 6/20 "
-                     "of them)."),
-        click.option("--eval-every", default=25, show_default=True, type=click.IntRange(1)),
-        click.option("--eval-samples", default=None, type=click.IntRange(1),
-                     help="Evaluate on the first N test samples (default all)."),
+        options_for(COMMAND),
+        click.option("--num-workers", DEPRECATED_WORKERS, default=None, hidden=True,
+                     type=click.IntRange(MIN_WORKERS),
+                     help="Deprecated name of --workers."),
         click.option("--engine", default="reference", show_default=True,
                      type=click.Choice(["reference", "cluster"]),
                      help="reference: the in-process engine, bit-identical to a cluster; "
@@ -95,7 +100,7 @@ class GridRun:
     seeds: int
     rounds: int | None
     dataset: str
-    data_dir: str | None
+    data_dir: Path | None
     model: str | None
     num_workers: int
     eval_every: int
@@ -106,7 +111,12 @@ class GridRun:
 
     @classmethod
     def take(cls, values: dict[str, Any]) -> GridRun:
-        return cls(**{f.name: values.pop(f.name) for f in fields(cls)})
+        """The common options out of a subcommand's ``values`` (removed from them); the
+        run settings by their declarations' names."""
+        run = {d.name: values.pop(d.param) for d in COMMAND.settings()}
+        run["num_workers"] = _workers(run["num_workers"], values.pop(DEPRECATED_WORKERS))
+        own = {f.name: values.pop(f.name) for f in fields(cls) if f.name not in run}
+        return cls(**run, **own)
 
     def spec(self, **changes: Any) -> GridSpec:
         return GridSpec.for_dataset(self.dataset, model=self.model, seeds=self.seeds,
@@ -142,7 +152,7 @@ class GridRun:
         run_process("experiment", ProcessOptions(out_dir=self.out), start)
 
 
-@main.command()
+@main.command(epilog=GRID_EPILOG)
 @grid_options
 @click.option("--rules", default=",".join(PAPER_RULES + EXTRA_RULES), show_default=True,
               help="Comma-separated rules: the table's rows.")
@@ -172,7 +182,7 @@ def paper(rules: str, scenarios: str, no_sweeps: bool, **values: Any) -> None:
     grid.run(paper_cells(spec), recipe(spec.dataset).metric, write)
 
 
-@main.command()
+@main.command(epilog=GRID_EPILOG)
 @grid_options
 @click.option("--defences", default=",".join(MODERN_DEFENCES), show_default=True,
               help="Comma-separated defences, the table's rows: a rule, after a "
@@ -235,6 +245,22 @@ def _verification(out: Path, checked: list | None) -> list | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _workers(workers: int, deprecated: int | None) -> int:
+    """n from ``--workers`` or its deprecated name ``--num-workers`` (said on stderr);
+    ``UsageError`` if both are given, or if n is too small for a grid."""
+    if deprecated is not None:
+        given = click.get_current_context().get_parameter_source("workers")
+        if given is ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --workers only (--num-workers is its deprecated "
+                                   "name)")
+        click.echo("ps-experiment: --num-workers is deprecated; use --workers (-n)", err=True)
+        return deprecated
+    if workers < MIN_WORKERS:
+        raise click.BadParameter(f"a grid needs at least {MIN_WORKERS} workers, got {workers}",
+                                 param_hint="--workers")
+    return workers
 
 
 def _names(text: str) -> tuple[str, ...]:

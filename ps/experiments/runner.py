@@ -29,10 +29,10 @@ CELLS_DIR = "cells"
 CLUSTER_DIR = "cluster"  # the run directories of cells run through the cluster
 
 
-_datasets: dict[tuple[str, str | None, int], Any] = {}
+_datasets: dict[tuple[str, Path | None, int], Any] = {}
 
 
-def run_cell(cell: Cell, data_dir: str | None, eval_every: int,
+def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
              eval_samples: int | None) -> dict[str, Any]:
     """Train ``cell`` with the reference engine; its evaluation points and final hash."""
     import torch
@@ -65,7 +65,7 @@ def run_cell(cell: Cell, data_dir: str | None, eval_every: int,
             "params_sha256": result.digest, "points": points}
 
 
-def run_cluster_cell(cell: Cell, out: Path, data_dir: str | None, eval_every: int,
+def run_cluster_cell(cell: Cell, out: Path, data_dir: Path | None, eval_every: int,
                      eval_samples: int | None) -> dict[str, Any]:
     """Train ``cell`` through real ``ps-server``/``ps-worker``/``ps-proxy`` processes (in
     ``OUT/cluster/<key>``); the same record as :func:`run_cell`."""
@@ -78,7 +78,7 @@ def run_cluster_cell(cell: Cell, out: Path, data_dir: str | None, eval_every: in
     if run_dir.exists():  # an interrupted run of this cell: start it afresh
         shutil.rmtree(run_dir)
     spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=run_dir,
-                       client=ClientOptions(data_dir=Path(data_dir) if data_dir else None),
+                       client=ClientOptions(data_dir=data_dir),
                        evaluation=EvalOptions(eval_every=eval_every, eval_samples=eval_samples),
                        cluster=ClusterOptions(max_restarts=0),
                        process=ProcessOptions(out_dir=run_dir, torch_threads=1))
@@ -97,7 +97,7 @@ class CellRun:
     """How to run cells: the engine and what every cell shares."""
 
     out: Path
-    data_dir: str | None
+    data_dir: Path | None
     eval_every: int
     eval_samples: int | None
     engine: str = "reference"  # or "cluster"

@@ -11,30 +11,27 @@ from typing import Any
 
 import click
 
-from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError, PeerError
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, pin_torch_threads, run_process
-from common.settings import COMMAND_ROLES, take
+from common.settings import take
+from ps.commands import COMMANDS
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
 from worker.options import ClientOptions, EvalOptions
 
-COMMAND = "ps-cluster"
+COMMAND = COMMANDS["ps-cluster"]
 # what --resume takes from its own command line; every other setting is the run's
 RESUME_OWN_OPTIONS = ("verify", "max_restarts", "run_timeout_s")
-SETTINGS_OWNERS = (ClusterOptions, ClientOptions, EvalOptions, ServerOptions, AttackConfig,
-                   RunConfig, SecurityOptions, ProcessOptions)
 
 
 def build_command() -> click.Command:
     """The ``ps-cluster`` command, its options derived from the settings declarations."""
-    settings = (*SETTINGS_OWNERS, *ATTACKS.values())
 
-    @settings_command(COMMAND, settings)
+    @settings_command(COMMAND)
     def main(**values: Any) -> None:
         """Start S servers, proxies, n workers and the evaluator as local processes and
         train; show progress; leave logs and metrics in --out-dir.
@@ -46,7 +43,7 @@ def build_command() -> click.Command:
 
             ps-cluster --rule marmed --proxy-attack gambler --rounds 300
         """
-        process = take(ProcessOptions, values, COMMAND_ROLES[COMMAND])
+        process = take(ProcessOptions, values, COMMAND.roles)
         run_process("cluster", process, lambda: launch(values, process))
 
     return main
@@ -56,7 +53,7 @@ def spec_from(values: dict[str, Any], process: ProcessOptions):
     """The ``ClusterSpec`` that command values describe (validated)."""
     from ps.launcher.cluster import ClusterSpec
 
-    roles = COMMAND_ROLES[COMMAND]
+    roles = COMMAND.roles
     cfg = take(RunConfig, values, roles).validate()
     attack = AttackConfig.build(values, roles).validate(cfg)
     out = process.out_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.rule}"
@@ -122,9 +119,9 @@ def saved_values(out_dir: Path) -> tuple[dict[str, Any], ProcessOptions]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot resume {out_dir}: {path} is missing or unreadable "
                           f"({exc}); is it a ps-cluster output directory?") from exc
-    context = build_command().make_context(COMMAND, list(argv))
+    context = build_command().make_context(COMMAND.name, list(argv))
     values = context.params
-    return values, replace(take(ProcessOptions, values, COMMAND_ROLES[COMMAND]),
+    return values, replace(take(ProcessOptions, values, COMMAND.roles),
                            out_dir=out_dir)
 
 

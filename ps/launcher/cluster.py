@@ -45,7 +45,8 @@ from common.errors import (
 from common.keys import SecurityOptions, create_keys
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, check_stop
-from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER, to_argv
+from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER
+from ps.launcher.argv import child_argv
 from ps.launcher.forked import ForkedProcess, prepare
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
@@ -99,11 +100,6 @@ class ClusterSpec:
     server: ServerOptions = field(default_factory=ServerOptions)
     process: ProcessOptions = field(default_factory=ProcessOptions)
     security: SecurityOptions = field(default_factory=SecurityOptions)
-
-
-def child_argv(role: str, *settings: Any) -> list[str]:
-    """The flags that hand a ``role`` process every setting of ``settings`` it takes."""
-    return [flag for instance in settings for flag in to_argv(instance, role)]
 
 
 @dataclass

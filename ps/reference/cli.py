@@ -6,24 +6,22 @@ from typing import Any
 
 import click
 
-from common.attacks import ATTACKS
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig, write_run_config
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, run_process
-from common.settings import COMMAND_ROLES, take
+from common.settings import take
+from ps.commands import COMMANDS
 from ps.reference.options import ReplayOptions
 from worker.options import ClientOptions, EvalOptions
 
-COMMAND = "ps-simulate"
+COMMAND = COMMANDS["ps-simulate"]
 
 
 def build_command() -> click.Command:
     """The ``ps-simulate`` command, its options derived from the settings declarations."""
-    settings = (ClientOptions, EvalOptions, ReplayOptions, AttackConfig, *ATTACKS.values(),
-                RunConfig, ProcessOptions)
 
-    @settings_command(COMMAND, settings)
+    @settings_command(COMMAND)
     def main(**values: Any) -> None:
         """Run the same training as ps-cluster in one process (no sockets) and print
         test accuracy every --eval-every rounds and the final parameters' sha256; with
@@ -33,7 +31,7 @@ def build_command() -> click.Command:
         RUN_DIR, the rounds a cluster closed without some workers aggregate the same
         workers here (give that run's settings too).
         """
-        roles = COMMAND_ROLES[COMMAND]
+        roles = COMMAND.roles
         process = take(ProcessOptions, values, roles)
 
         def start() -> None:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 QUICK = ["--dataset", "synthetic", "--rounds", "4", "--seeds", "1", "--rules", "mean,marmed",
          "--scenarios", "none,bitflip", "--no-sweeps", "--eval-every", "2",
-         "--num-workers", "4"]
+         "--workers", "4"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -133,7 +133,7 @@ def test_the_cifar10_recipe_runs_the_cnn_with_top3_on_a_tiny_synthetic_set(
     out = tmp_path / "grid"
     result = _invoke("--out", str(out), "--dataset", "cifar10", "--data-dir", str(data),
                      "--rounds", "2", "--seeds", "1", "--rules", "mean", "--scenarios",
-                     "none", "--no-sweeps", "--eval-every", "1", "--num-workers", "3")
+                     "none", "--no-sweeps", "--eval-every", "1", "--workers", "3")
     assert result.exit_code == 0, result.output
     (record,) = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
     assert [p["round"] for p in record["points"]] == [0, 1, 2]
@@ -148,7 +148,7 @@ def test_the_cifar10_recipe_runs_the_cnn_with_top3_on_a_tiny_synthetic_set(
     assert _is_png(out / "accuracy-none.png")
 
 
-MODERN = ["--dataset", "synthetic", "--rounds", "4", "--seeds", "1", "--num-workers", "7",
+MODERN = ["--dataset", "synthetic", "--rounds", "4", "--seeds", "1", "--workers", "7",
           "--defences", "mean,nnm+trimmed-mean", "--attacks", "none,inf",
           "--momenta", "0,0.9", "--eval-every", "2", "--jobs", "1"]
 

@@ -148,3 +148,39 @@ def test_a_resumed_run_takes_insecure_only_from_its_own_command_line(saved, give
     assert resumed_security(SecurityOptions(**saved), SecurityOptions(**given)) == \
         SecurityOptions(**expected)
 
+
+
+@pytest.fixture
+def grid_runs(monkeypatch) -> list:
+    """The ``GridRun`` of each ``ps-experiment`` invocation, its cells never run."""
+    from ps.experiments.cli import GridRun
+
+    runs: list = []
+    monkeypatch.setattr(GridRun, "run", lambda self, cells, metric, write: runs.append(self))
+    return runs
+
+
+def _experiment(*args: str, env: dict[str, str] | None = None):
+    from ps.experiments.cli import main as experiment_main
+
+    return CliRunner().invoke(experiment_main, ["paper", "--out", "unused", *args], env=env)
+
+
+def test_experiment_takes_the_run_settings_by_their_declared_names(grid_runs) -> None:
+    result = _experiment("-n", "7", "--dataset", "synthetic", "--eval-every", "3",
+                         env={"PS_ROUNDS": "11"})
+    assert result.exit_code == 0, result.output
+    run = grid_runs[-1]
+    assert (run.num_workers, run.dataset, run.eval_every, run.rounds) == (7, "synthetic", 3, 11)
+    assert run.model is None  # left to the dataset's recipe
+    refused = _experiment("--workers", "2")
+    assert refused.exit_code == 2 and "at least 3 workers" in refused.output
+
+
+def test_experiment_num_workers_is_a_hidden_deprecated_name_of_workers(grid_runs) -> None:
+    result = _experiment("--num-workers", "5")
+    assert result.exit_code == 0, result.output
+    assert grid_runs[-1].num_workers == 5 and "deprecated" in result.output
+    both = _experiment("--num-workers", "5", "--workers", "6")
+    assert both.exit_code == 2 and "give --workers only" in both.output
+    assert "--num-workers " not in _experiment("--help").output

@@ -3,24 +3,29 @@ the README are derived from the declarations, and a new attack or rule needs one
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from common.attacks import ATTACKS, VectorAttack, register_attack
 from common.config import AttackConfig, RunConfig
+from common.keys import SecurityOptions
 from common.rules import RULES, Rule, register_rule
 from common.settings import (
-    COMMAND_ROLES,
+    ALL_ROLES,
     EVALUATOR,
     PROXY,
     SERVER,
     WORKER,
+    Command,
     declared,
     from_environ,
     setting,
@@ -28,15 +33,21 @@ from common.settings import (
     to_argv,
     to_environ,
 )
+from ps.commands import COMMANDS, command_of
+from ps.deploy.compose import _environment as compose_environment
 from ps.deploy.compose import deployment, service_environments
 from ps.launcher import cli as cluster_cli
+from ps.launcher.argv import child_argv
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.proxy import cli as proxy_cli
+from ps.proxy.options import ProxyOptions
 from server import cli as server_cli
+from server.options import ServerOptions
 from worker import cli as worker_cli
 
+ROOT = Path(__file__).resolve().parents[2]
 CFG = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rounds=7, seed=3).validate()
-COMMANDS = {SERVER: server_cli, PROXY: proxy_cli, WORKER: worker_cli, EVALUATOR: worker_cli}
+CLI_OF = {SERVER: server_cli, PROXY: proxy_cli, WORKER: worker_cli, EVALUATOR: worker_cli}
 
 
 @pytest.fixture
@@ -119,9 +130,9 @@ def test_child_argv_parses_back_to_the_same_settings(role: str, tmp_path: Path) 
             PROXY: lambda: cluster.proxy_argv(0, "tcp://s:1", ready),
             WORKER: lambda: cluster.worker_argv(2, ["tcp://a:1", "tcp://b:2"]),
             EVALUATOR: lambda: cluster.evaluator_argv(["tcp://a:1", "tcp://b:2"])}[role]()
-    command = COMMANDS[role].build_command()
+    command = CLI_OF[role].build_command()
     values = command.make_context(command.name, list(argv)).params
-    roles = COMMAND_ROLES[command.name]
+    roles = command_of(role).roles
     assert take(RunConfig, values, roles) == CFG
     if role == WORKER:
         parsed = AttackConfig.build(values, roles)
@@ -160,3 +171,76 @@ def test_readme_tables_are_generated_from_the_declarations() -> None:
     from scripts.gen_docs import main as gen_docs
 
     assert gen_docs(["--check"]) == 0, "README.md is stale: run python3 scripts/gen_docs.py"
+
+
+def _entry_points() -> dict[str, click.Command]:
+    """Every command of ``[project.scripts]``, as click builds it."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.scripts]")[1].split("\n[")[0]
+    out = {}
+    for name, module, attr in re.findall(r'^([\w-]+) = "([\w.]+):(\w+)"$', section, re.M):
+        out[name] = getattr(importlib.import_module(module), attr)
+    assert "ps-server" in out and "ps-experiment" in out
+    return out
+
+
+def _setting_flags(command: click.Command) -> set[str]:
+    """The flags of the settings a command (and its subcommands) shows: the options
+    with a PS_* variable."""
+    flags = {p.opts[0] for p in command.params
+             if isinstance(p, click.Option) and p.envvar and not p.hidden}
+    for sub in getattr(command, "commands", {}).values():
+        flags |= _setting_flags(sub)
+    return flags
+
+
+def test_every_flag_of_every_command_is_in_the_readme_settings_table() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- generated: settings -->")[1].split("<!-- end: settings -->")[0]
+    documented = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", table, re.M))
+    commands = _entry_points()
+    assert set(COMMANDS) <= set(commands)
+    missing = {name: sorted(_setting_flags(c) - documented) for name, c in commands.items()}
+    assert not any(missing.values()), f"flags missing from the README: {missing}"
+    shown = set().union(*map(_setting_flags, commands.values()))
+    assert {"--keys", "--insecure", "--replay", "--workers", "--eval-every"} <= shown
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_takes_exactly_the_settings_its_table_entry_names(name: str) -> None:
+    command = _entry_points()[name]
+    wanted = [d.param for d in COMMANDS[name].settings()]
+    for sub in getattr(command, "commands", {}).values() or [command]:
+        taken = [p.name for p in sub.params if isinstance(p, click.Option) and p.envvar]
+        assert taken == wanted, sub.name
+
+
+def test_every_role_is_served_by_one_command() -> None:
+    for role in ALL_ROLES:
+        assert role in command_of(role).roles
+    assert command_of(EVALUATOR).name == "ps-worker"
+
+
+def test_a_child_is_handed_only_settings_its_command_takes(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="ps-server takes no settings of ProxyOptions"):
+        child_argv(SERVER, CFG, ProxyOptions(server="tcp://s:1"))
+    assert child_argv(SERVER, CFG, SecurityOptions(keys=tmp_path))[-2:] == [
+        "--keys", str(tmp_path)]
+    env = {"PS_DATASET": "synthetic", "PS_WORKERS": "5", "PS_SHARDS": "2"}
+    dep = deployment(env, {"proxy_shards": [0], "byzantine_workers": [], "worker_attack": "x"})
+    with pytest.raises(TypeError, match="ps-worker takes no settings of ServerOptions"):
+        compose_environment(WORKER, ServerOptions())
+    services = service_environments(dep)
+    for name in ("server-0", "proxy-0", "worker-1", "evaluator"):
+        assert services[name][1]["PS_KEYS"] == "/keys", name
+
+
+def test_a_command_may_leave_a_setting_to_be_decided_later() -> None:
+    """ps-experiment: --rounds and --model default to the grid's recipe, with --help saying so."""
+    by_name = {d.name: d for d in COMMANDS["ps-experiment"].settings()}
+    assert by_name["rounds"].default is None and by_name["rounds"].optional
+    assert by_name["rounds"].shown_default == "the grid's recipe"
+    assert by_name["num_workers"].default == 20 and by_name["num_workers"].flag == "--workers"
+    broken = Command("ps-x", frozenset({SERVER}), lambda: (RunConfig,), unset={"nope": "?"})
+    with pytest.raises(TypeError, match="nope"):
+        broken.settings()
