@@ -45,15 +45,14 @@ COMMAND = COMMANDS["ps-experiment"]
 DEPRECATED_WORKERS = "num_workers_deprecated"  # --num-workers, the old name of --workers
 MIN_WORKERS = 3  # a grid's attacks take the first 6/20 of the workers, at least one
 CIFAR = RECIPES["cifar10"]
-
-
-GRID_EPILOG = (f"Without --rounds a grid runs its recipe's: {MNIST_RECIPE.rounds} rounds "
-             f"(cifar10: {CIFAR.rounds}; the modern grid: {MODERN_ROUNDS}); without --model, "
-             f"its dataset's: {MNIST_RECIPE.model} ({CIFAR.model} for cifar10, with lr "
-             f"{CIFAR.lr:g}, batch {CIFAR.batch_size} and top-3 accuracy). n defaults to the "
-             "paper's 20; the classic-model attacks take the first 6/20 of the workers. The "
-             "run settings can also be given by their PS_* variables (flag > environment > "
-             "default). --num-workers is the deprecated name of --workers.")
+GRID_EPILOG = (
+    f"Without --rounds a grid runs its recipe's: {MNIST_RECIPE.rounds} rounds (cifar10: "
+    f"{CIFAR.rounds}; the modern grid: {MODERN_ROUNDS}); without --model, its dataset's: "
+    f"{MNIST_RECIPE.model} ({CIFAR.model} for cifar10, with lr {CIFAR.lr:g}, batch "
+    f"{CIFAR.batch_size} and top-3 accuracy). n defaults to the paper's 20; the "
+    "classic-model attacks take the first 6/20 of the workers. The run settings can also be "
+    "given by their PS_* variables (flag > environment > default). --num-workers is the "
+    "deprecated name of --workers.")
 
 
 @click.group(epilog=GRID_EPILOG, context_settings={"show_default": True})
