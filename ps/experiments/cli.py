@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from common.data import dataset_names
-from common.errors import ConfigError, PeerError
+from common.errors import ConfigError, ReferenceMismatch
 from common.models import MODELS
 from common.process import ProcessOptions, run_process
 from common.rules import RuleError
@@ -79,7 +79,7 @@ def grid_options(function: Callable[..., None]) -> Callable[..., None]:
         click.option("--jobs", default=2, show_default=True, type=click.IntRange(1),
                      help="Cells run at once by the reference engine, one process each."),
         click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
-                     help="Run K randomly chosen cells through the cluster too; exit 3 if a "
+                     help="Run K randomly chosen cells through the cluster too; exit 5 if a "
                      "final parameter hash differs from the reference engine's."),
     ]
     for option in reversed(options):
@@ -116,7 +116,7 @@ class GridRun:
     def run(self, cells: list[Cell], metric: str,
             write: Callable[[list, ReportInfo], Path]) -> None:
         """Run (or read) every cell, verify a sample, write the outputs with ``write``;
-        exit 3 if a verified cell differs."""
+        exit 5 if a verified cell differs."""
 
         def start() -> None:
             from ps.experiments import runner
@@ -136,8 +136,8 @@ class GridRun:
             click.echo(f"{len(results)} cells; report: {report}")
             if checked and not all(c["same"] for c in checked):
                 differ = ", ".join(c["label"] for c in checked if not c["same"])
-                raise PeerError(f"the cluster and the reference engine end differently: "
-                                f"{differ}")
+                raise ReferenceMismatch("the cluster and the reference engine end "
+                                        f"differently: {differ}")
 
         run_process("experiment", ProcessOptions(out_dir=self.out), start)
 
