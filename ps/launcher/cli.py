@@ -104,7 +104,7 @@ def summary_line(rounds: int, seconds: float, p) -> str:
     start-up excluded), with that span, so that each figure says what it covers."""
     line = f"done: {rounds} rounds in {seconds:.1f} s wall time (start-up included)"
     if p.timed_rounds:
-        line += (f"; the last {p.timed_rounds} rounds in {p.span_s:.1f} s, "
+        line += (f"; the last {p.timed_rounds} rounds in {p.span_s:.2f} s, "
                  f"{p.rounds_per_s:.1f} rounds/s")
     if p.top1 is not None:
         line += f"; test top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
@@ -163,7 +163,7 @@ def verify(spec, digest: str) -> None:
         raise ReferenceMismatch(f"cluster and reference differ: {digest} != "
                                 f"{reference.digest}")
     click.echo(f"verified: the reference engine ends with the same parameters "
-               f"({reference.seconds:.1f} s, {spec.cfg.rounds / reference.seconds:.1f} "
+               f"({reference.seconds:.2f} s, {spec.cfg.rounds / reference.seconds:.1f} "
                "rounds/s)")
 
 

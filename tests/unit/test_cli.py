@@ -195,9 +195,12 @@ def test_the_summary_line_says_which_span_its_time_and_rate_cover(tmp_path) -> N
     assert (p.round, p.timed_rounds) == (300, 299) and p.span_s == pytest.approx(29.3)
     line = summary_line(300, 37.8, p)
     assert line.startswith("done: 300 rounds in 37.8 s wall time (start-up included)")
-    rounds, span, rate = re.search(r"the last (\d+) rounds in ([\d.]+) s, ([\d.]+) rounds/s",
-                                   line).groups()
-    assert int(rounds) == 299 and abs(int(rounds) / float(span) - float(rate)) < 0.05
+    short = Progress(round=20, rounds_per_s=19 / 0.462, timed_rounds=19, span_s=0.462)
+    for progress, timed in ((p, 299), (short, 19)):
+        rounds, span, rate = re.search(r"the last (\d+) rounds in ([\d.]+) s, ([\d.]+) "
+                                       r"rounds/s", summary_line(300, 37.8, progress)).groups()
+        assert int(rounds) == timed
+        assert float(rate) * float(span) == pytest.approx(timed, rel=0.01)  # they agree
     assert "top-1" not in line
     p.top1, p.top3, p.loss = 0.5, 0.75, 1.25
     assert summary_line(300, 37.8, p).endswith("; test top-1 0.5000, top-3 0.7500, "
