@@ -1,1 +1,6 @@
-"""The system as a whole: proxy, local cluster launcher, reference simulation."""
+"""The system as a whole, above the server and the worker: the corrupting proxy
+(``proxy``), the local cluster launcher (``launcher``, ``ps-cluster``), the in-process
+reference engine (``reference``, ``ps-simulate``), the paper's experiments
+(``experiments``, ``ps-experiment``), figures (``plots``, ``ps-report``), the
+docker-compose and Swarm generators (``deploy``) and a run's CURVE keys (``keys``,
+``ps-keys``)."""

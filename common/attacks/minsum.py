@@ -2,7 +2,15 @@
 Attacks and Defenses for Federated Learning", NDSS 2021), an AGR-agnostic attack: the
 mean of the honest vectors pushed along a perturbation as far as the Byzantine vector can
 go while the sum of its squared distances to the honest vectors stays within that of
-every honest vector (classic model)."""
+every honest vector (classic model).
+
+The bound is the *smallest* honest score ``min_i sum_j ||g_i - g_j||^2``, as the authors'
+released code computes it (``min_score``).  The paper's Eq. 6 and its text ("upper
+bounded by the sum of squared distances of any benign gradient from the other benign
+gradients") can also be read as the *largest* score; that reading allows a gamma at
+least as large (a malicious vector at least as far from the honest mean).  The released
+code's smallest score is what runs here; there is no option for the other reading.
+"""
 
 from __future__ import annotations
 
@@ -28,9 +36,8 @@ def minsum(honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
            tau: float = TAU) -> np.ndarray:
     """Min-Sum (Shejwalkar, Houmansadr, NDSS 2021, Eq. 6): ``mean - gamma * p`` with the
     largest gamma such that ``sum_i ||m - g_i||^2 <= min_i sum_j ||g_i - g_j||^2`` over the
-    honest vectors g: the malicious vector's sum is "upper bounded by the sum of squared
-    distances of any benign gradient from the other benign gradients", so by the smallest
-    of them, as the authors' code (``min_score``) computes it. Same search and
+    honest vectors g: the smallest honest score, as the authors' code (``min_score``)
+    computes it, not the largest the paper's wording allows (see the module). Same search and
     perturbations as :func:`common.attacks.minmax.minmax`; ``rng`` is not used."""
     return agr_agnostic(honest, num_byzantine, perturbation, gamma_init, tau,
                         lambda d, pairwise: d.sum() <= pairwise.sum(axis=1).min())

@@ -19,6 +19,15 @@ sub-vectors only, independently on every server: a worker can be selected, mixed
 clipped on one shard and not on another.  Their guarantees, stated for whole vectors,
 hold per shard (each shard's output against that shard's honest sub-vectors); with
 one shard they are the published rules exactly.
+
+Non-finite values: each rule's module says how it treats NaN and infinities.  Common to
+every rule: a coordinate in which every input value is NaN comes out NaN (so an all-NaN
+matrix gives an all-NaN vector), as the mean gives: a rule puts no infinity where it was
+given no value (:meth:`Rule.__call__` turns any non-finite output coordinate whose input
+is all NaN into NaN).  The one exception is centered clipping, whose output stays its
+previous aggregate (finite) when no row is finite: a non-finite row never moves it.
+Pre-aggregators (``common.rules.pre``) keep such a coordinate all NaN in every row they
+leave.
 """
 
 from __future__ import annotations
@@ -61,6 +70,14 @@ def as_positive_float(value: Any, what: str) -> float:
     return number
 
 
+def as_positive_int(value: Any, what: str) -> int:
+    """``value`` as an int >= 1 (see :func:`as_int`)."""
+    number = as_int(value, what)
+    if number < 1:
+        raise RuleError(f"{what} must be >= 1, got {number}")
+    return number
+
+
 def median_bound(n: int) -> int:
     """Largest q with dimensional Byzantine resilience: ``ceil(n/2) - 1``."""
     return (n + 1) // 2 - 1
@@ -74,6 +91,44 @@ def check_subsets(name: str, n: int, q: int, cap: int) -> None:
         raise RuleError(f"{name} searches the C(n, q) = C({n}, {q}) = {count} subsets of "
                         f"n-q = {n - q} rows; it is capped at {cap} (n={n}, q={q}): lower q "
                         f"or n, or use a polynomial rule")
+
+
+def check_matrix(name: str, n: int, G: Any) -> torch.Tensor:
+    """``G`` as a contiguous CPU float32 (n, d) tensor with d >= 1, or ``RuleError`` naming
+    ``name`` (the rule or pre-aggregator) and what is wrong."""
+    import torch
+
+    if not isinstance(G, torch.Tensor):
+        raise RuleError(f"{name} expects a torch.Tensor, got {type(G).__name__}")
+    if G.dtype != torch.float32:
+        raise RuleError(f"{name} expects dtype float32, got {G.dtype}")
+    if G.ndim != 2:
+        raise RuleError(f"{name} expects a 2-D (n, d) tensor, got shape {tuple(G.shape)}")
+    if G.shape[0] != n:
+        raise RuleError(f"{name} was built for n={n} rows, got {G.shape[0]}")
+    if G.shape[1] == 0:
+        raise RuleError(f"{name} expects d >= 1 coordinates, got d=0")
+    if G.device.type != "cpu":
+        raise RuleError(f"{name} expects a CPU tensor, got device {G.device}")
+    if G.is_contiguous() and not G.requires_grad:
+        return G
+    return G.detach().contiguous()
+
+
+def nan_where_all_nan(G: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` with NaN in each coordinate where every row of ``G`` is NaN (a copy if any
+    changes); checked only when ``out`` holds a non-finite value, so a finite round pays
+    one pass over the (d,) output."""
+    import torch
+
+    if bool(torch.isfinite(out).all()):
+        return out
+    empty = torch.isnan(G).all(dim=0)
+    if not bool(empty.any()):
+        return out
+    out = out.clone()
+    out[empty] = float("nan")
+    return out
 
 
 def load_kernels() -> ModuleType:
@@ -133,32 +188,20 @@ class Rule:
     def __call__(self, G: torch.Tensor) -> torch.Tensor:
         """Aggregate the (n, d) float32 matrix ``G`` into a (d,) float32 tensor.
 
-        ``G`` is never modified; a non-contiguous ``G`` is copied first.
+        ``G`` is never modified; a non-contiguous ``G`` is copied first.  A coordinate
+        that is NaN in every row comes out NaN (see the module's docstring).
         """
         import torch
 
         X = self.validate_input(G)
         self.last_info = {}
         out = self.aggregate(X)
-        return out if isinstance(out, torch.Tensor) else torch.from_numpy(out)
+        out = out if isinstance(out, torch.Tensor) else torch.from_numpy(out)
+        return nan_where_all_nan(X, out)
 
     def validate_input(self, G: Any) -> torch.Tensor:
         """``G`` as a contiguous CPU float32 (n, d) tensor with d >= 1, or ``RuleError``."""
-        import torch
-
-        if not isinstance(G, torch.Tensor):
-            raise RuleError(f"{self.name} expects a torch.Tensor, got {type(G).__name__}")
-        if G.dtype != torch.float32:
-            raise RuleError(f"{self.name} expects dtype float32, got {G.dtype}")
-        if G.ndim != 2:
-            raise RuleError(f"{self.name} expects a 2-D (n, d) tensor, got shape {tuple(G.shape)}")
-        if G.shape[0] != self.n:
-            raise RuleError(f"{self.name} was built for n={self.n} rows, got {G.shape[0]}")
-        if G.shape[1] == 0:
-            raise RuleError(f"{self.name} expects d >= 1 coordinates, got d=0")
-        if G.device.type != "cpu":
-            raise RuleError(f"{self.name} expects a CPU tensor, got device {G.device}")
-        return G.detach().contiguous()
+        return check_matrix(self.name, self.n, G)
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
         """The rule itself, on a validated contiguous (n, d) float32 CPU tensor."""

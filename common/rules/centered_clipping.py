@@ -34,8 +34,8 @@ import numpy as np
 from common.rules.base import (
     Rule,
     RuleError,
-    as_int,
     as_positive_float,
+    as_positive_int,
     load_kernels,
     register_rule,
 )
@@ -59,12 +59,10 @@ class CenteredClipping(Rule):
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
         options = super().check(n, q, **options)
-        iters = as_int(options.get("iters", 1), "centered-clipping option iters")
-        if iters < 1:
-            raise RuleError(f"centered-clipping option iters must be >= 1, got {iters}")
         return {"tau": as_positive_float(options.get("tau", 100.0),
                                          "centered-clipping option tau"),
-                "iters": iters}
+                "iters": as_positive_int(options.get("iters", 1),
+                                         "centered-clipping option iters")}
 
     def __init__(self, n: int, q: int, **options: Any) -> None:
         super().__init__(n, q, **options)

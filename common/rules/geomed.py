@@ -28,14 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import (
-    Rule,
-    RuleError,
-    as_int,
-    as_positive_float,
-    load_kernels,
-    register_rule,
-)
+from common.rules.base import Rule, as_positive_float, as_positive_int, load_kernels, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -56,12 +49,9 @@ class GeoMed(Rule):
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
         options = super().check(n, q, **options)
-        max_iter = as_int(options.get("max_iter", 100), "geomed option max_iter")
-        if max_iter < 1:
-            raise RuleError(f"geomed option max_iter must be >= 1, got {max_iter}")
         return {
             "tol": as_positive_float(options.get("tol", 1e-6), "geomed option tol"),
-            "max_iter": max_iter,
+            "max_iter": as_positive_int(options.get("max_iter", 100), "geomed option max_iter"),
             "eps": as_positive_float(options.get("eps", 1e-8), "geomed option eps"),
         }
 

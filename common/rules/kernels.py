@@ -769,15 +769,18 @@ def _all_below(C, bound, L):
 
 
 @numba.njit(cache=True, nogil=True)
-def _min_eigen_subset(K, D2, m):
+def _min_eigen_subset(K, D2, m, rtol):
     """The first subset (lexicographic order) of ``m`` rows whose scatter matrix has the
-    smallest largest eigenvalue, by depth-first search.  Pruning: for rows i, j of a
-    partial subset P, lambda_max(scatter(P)) >= ||x_i - x_j||^2 / 2, and the scatter only
-    grows (in the PSD order) as rows are added, so a partial subset whose bound reaches
-    the best is not extended; a complete one is first tested with a Cholesky
-    factorisation (is every eigenvalue below the best?) and only then solved."""
+    smallest largest eigenvalue, by depth-first search; a subset replaces the best one
+    only if its eigenvalue is below ``best - rtol * |best|`` (within that margin the two
+    tie, and the earlier wins).  Pruning: for rows i, j of a partial subset P,
+    lambda_max(scatter(P)) >= ||x_i - x_j||^2 / 2, and the scatter only grows (in the PSD
+    order) as rows are added, so a partial subset whose bound reaches that bar is not
+    extended; a complete one is first tested with a Cholesky factorisation (is every
+    eigenvalue below the bar?) and only then solved."""
     k = K.shape[0]
     best = np.inf
+    bar = np.inf
     best_set = np.arange(m)
     idx = np.empty(m, dtype=np.int64)
     diam = np.zeros(m + 1)
@@ -797,16 +800,17 @@ def _min_eigen_subset(K, D2, m):
             x = D2[idx[u], c]
             if x > dd:
                 dd = x
-        if 0.5 * dd >= best:
+        if 0.5 * dd >= bar:
             continue
         if t == m - 1:
             _centered_gram(K, idx, C)
-            if best < np.inf and not _all_below(C, best, L):
+            if bar < np.inf and not _all_below(C, bar, L):
                 continue
             solved += 1
             lam = np.linalg.eigvalsh(C)[m - 1]
-            if lam < best:
+            if lam < bar:
                 best = lam
+                bar = best - rtol * abs(best)
                 best_set[:] = idx
             continue
         diam[t + 1] = dd
@@ -815,9 +819,12 @@ def _min_eigen_subset(K, D2, m):
     return best_set, best, solved
 
 
-def min_eigen_subset(K: np.ndarray, D2: np.ndarray, m: int) -> tuple[np.ndarray, float, int]:
+def min_eigen_subset(K: np.ndarray, D2: np.ndarray, m: int,
+                     rtol: float = 0.0) -> tuple[np.ndarray, float, int]:
     """(rows, largest eigenvalue of their scatter matrix, eigenproblems solved) of
-    the first subset of ``m`` rows in lexicographic order minimising that eigenvalue;
-    ``K`` the rows' (finite) Gram matrix and ``D2`` their squared distances."""
+    the first subset of ``m`` rows in lexicographic order minimising that eigenvalue, a
+    later subset replacing the best only if below it by more than ``rtol`` of it; ``K``
+    the rows' (finite) Gram matrix and ``D2`` their squared distances."""
     return _min_eigen_subset(np.ascontiguousarray(K, dtype=np.float64),
-                             np.ascontiguousarray(D2, dtype=np.float64), int(m))
+                             np.ascontiguousarray(D2, dtype=np.float64), int(m),
+                             float(rtol))

@@ -19,14 +19,15 @@ go to the lexicographically first subset.  Distances come from one float64 Gram 
 Non-finite values: a row holding any NaN or infinity is at +inf from every row, so it
 is never chosen while n - q finite rows exist; with fewer, the output is the mean of
 the finite rows (``last_info["fallback"] = "finite-rows"``), and with none the
-coordinate-wise median (MarMed, ``"marmed"``), as Krum and GeoMed do.
+coordinate-wise median (MarMed, ``"marmed"``), as Krum and GeoMed do (NaN where every
+row is NaN, see ``common.rules.base``).
 ``last_info``: ``{"selected", "diameter"}``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -44,36 +45,56 @@ def subset_mean(kernels: Any, G: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     return kernels.group_means(G.numpy(), [np.asarray(rows, dtype=np.int64)])[0]
 
 
-@register_rule
-class MDA(Rule):
-    """Exhaustive minimum-diameter subset of n - q rows, then its mean."""
+class SubsetMean(Rule):
+    """Base of MDA and SMEA: the mean of the n - q finite rows an exhaustive search
+    selects (``select``), with their non-finite fallbacks; needs 2q < n and C(n, q) at
+    most ``max_subsets``."""
 
-    name = "mda"
-    summary = "mean of the n-q inputs with the smallest diameter (exhaustive search)"
-    needs = "2q < n, C(n,q) <= 1e6"
+    max_subsets: ClassVar[int]
     precondition = staticmethod(lambda n, q: q <= median_bound(n))
 
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
         options = super().check(n, q, **options)
-        check_subsets(cls.name, n, q, MAX_SUBSETS)
+        check_subsets(cls.name, n, q, cls.max_subsets)
         return options
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
         kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        K = kernels.gram64(G)
+        D2, finite = kernels.squared_distances(K)
         rows = np.flatnonzero(finite)
         m = self.n - self.q
         if rows.size == 0:
             self.last_info = {"selected": [], "fallback": "marmed"}
             return coordinate_median(G)
-        if rows.size <= m:
-            chosen = rows
-            diameter = float(np.sqrt(D2[np.ix_(rows, rows)].max()))
-            if rows.size < m:
-                self.last_info = {"fallback": "finite-rows"}
-        else:
-            subset, diam2, _ = kernels.min_diameter_subset(D2[np.ix_(rows, rows)], m)
-            chosen, diameter = rows[subset], math.sqrt(diam2)
-        self.last_info = {**self.last_info, "selected": chosen.tolist(), "diameter": diameter}
-        return subset_mean(kernels, G, chosen)
+        if rows.size < m:
+            self.last_info = {"fallback": "finite-rows"}
+        sub = np.ix_(rows, rows)
+        chosen, info = self.select(kernels, K[sub], D2[sub], m)
+        self.last_info = {**self.last_info, "selected": rows[chosen].tolist(), **info}
+        return subset_mean(kernels, G, rows[chosen])
+
+    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+               m: int) -> tuple[np.ndarray, dict[str, float]]:
+        """(positions of the chosen rows, what ``last_info`` reports of them) among k
+        finite rows with Gram matrix ``K`` and squared distances ``D2``; all k rows if
+        k <= m."""
+        raise NotImplementedError
+
+
+@register_rule
+class MDA(SubsetMean):
+    """Exhaustive minimum-diameter subset of n - q rows, then its mean."""
+
+    name = "mda"
+    summary = "mean of the n-q inputs with the smallest diameter (exhaustive search)"
+    needs = "2q < n, C(n,q) <= 1e6"
+    max_subsets = MAX_SUBSETS
+
+    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+               m: int) -> tuple[np.ndarray, dict[str, float]]:
+        if K.shape[0] <= m:
+            return np.arange(K.shape[0]), {"diameter": float(np.sqrt(D2.max()))}
+        subset, diam2, _ = kernels.min_diameter_subset(D2, m)
+        return subset, {"diameter": math.sqrt(diam2)}

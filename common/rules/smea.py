@@ -17,66 +17,50 @@ goes depth first over the subsets in lexicographic order and prunes with
 are added) and a Cholesky test before each eigenproblem; in the worst case it still
 meets all C(n, q) subsets, so a configuration with C(n, q) above ``MAX_SUBSETS``
 (2 x 10^5; n = 20, q = 8 is 125,970) is refused when it is checked.  Ties go to the
-lexicographically first subset.
+lexicographically first subset: the search keeps the subset it found first unless a
+later one's eigenvalue is below it by more than ``TIE_RTOL`` (1e-9) of it, far more than
+the rounding of a centred Gram matrix moves an eigenvalue while the rows' spread is not
+tiny next to their norms (rows [-1], [1], [2], [-2] with q = 1: {0, 1, 2} and
+{0, 1, 3} tie, so the output is 2/3, not -2/3).
 
 Non-finite values: as MDA (``common.rules.mda``): rows holding NaN or infinity are never
 chosen while n - q finite rows exist; with fewer the output is the mean of the finite
-rows, with none MarMed.  ``last_info``: ``{"selected", "max_eigenvalue"}`` (of the
-chosen subset's covariance, normalised by |S|).
+rows, with none MarMed (NaN where every row is NaN, see ``common.rules.base``).
+``last_info``: ``{"selected", "max_eigenvalue"}`` (of the chosen subset's covariance,
+normalised by |S|).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from common.rules.base import Rule, check_subsets, load_kernels, median_bound, register_rule
-from common.rules.marmed import coordinate_median
-from common.rules.mda import subset_mean
-
-if TYPE_CHECKING:
-    import torch
+from common.rules.base import register_rule
+from common.rules.mda import SubsetMean
 
 MAX_SUBSETS = 200_000
+TIE_RTOL = 1e-9
 
 
 @register_rule
-class SMEA(Rule):
+class SMEA(SubsetMean):
     """Exhaustive smallest-top-eigenvalue subset of n - q rows, then its mean."""
 
     name = "smea"
     summary = ("mean of the n-q inputs whose covariance has the smallest top eigenvalue "
                "(exhaustive search)")
     needs = "2q < n, C(n,q) <= 2e5"
-    precondition = staticmethod(lambda n, q: q <= median_bound(n))
+    max_subsets = MAX_SUBSETS
 
-    @classmethod
-    def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
-        options = super().check(n, q, **options)
-        check_subsets(cls.name, n, q, MAX_SUBSETS)
-        return options
-
-    def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
-        D2, finite = kernels.squared_distances(K)
-        rows = np.flatnonzero(finite)
-        m = self.n - self.q
-        if rows.size == 0:
-            self.last_info = {"selected": [], "fallback": "marmed"}
-            return coordinate_median(G)
-        sub = np.ix_(rows, rows)
-        if rows.size <= m:
-            chosen = rows
-            eigen = float(np.linalg.eigvalsh(_centered(K[sub]))[-1]) / rows.size
-            if rows.size < m:
-                self.last_info = {"fallback": "finite-rows"}
-        else:
-            subset, top, _ = kernels.min_eigen_subset(K[sub], D2[sub], m)
-            chosen, eigen = rows[subset], float(top) / m
-        self.last_info = {**self.last_info, "selected": chosen.tolist(), "max_eigenvalue": eigen}
-        return subset_mean(kernels, G, chosen)
+    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+               m: int) -> tuple[np.ndarray, dict[str, float]]:
+        k = K.shape[0]
+        if k <= m:
+            top = float(np.linalg.eigvalsh(_centered(K))[-1])
+            return np.arange(k), {"max_eigenvalue": top / k}
+        subset, top, _ = kernels.min_eigen_subset(K, D2, m, TIE_RTOL)
+        return subset, {"max_eigenvalue": float(top) / m}
 
 
 def _centered(K: np.ndarray) -> np.ndarray:

@@ -1,1 +1,3 @@
-"""Deployments of a whole run: the docker-compose file, generated from the settings."""
+"""Deployments of a whole run, generated from the settings: the docker-compose file
+(``compose``), the Docker Swarm stack (``stack``) and the limits both give each
+container (``resources``)."""

@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 
 from common.cli import options_for
-from common.errors import ConfigError, PeerError
+from common.errors import ConfigError, ReferenceMismatch
 from common.process import ProcessOptions, run_process
 from common.rules import RuleError
 from ps.commands import COMMANDS
@@ -83,7 +83,7 @@ def grid_options(function: Callable[..., None]) -> Callable[..., None]:
         click.option("--jobs", default=2, show_default=True, type=click.IntRange(1),
                      help="Cells run at once by the reference engine, one process each."),
         click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
-                     help="Run K randomly chosen cells through the cluster too; exit 3 if a "
+                     help="Run K randomly chosen cells through the cluster too; exit 5 if a "
                      "final parameter hash differs from the reference engine's."),
     ]
     for option in reversed(options):
@@ -125,7 +125,7 @@ class GridRun:
     def run(self, cells: list[Cell], metric: str,
             write: Callable[[list, ReportInfo], Path]) -> None:
         """Run (or read) every cell, verify a sample, write the outputs with ``write``;
-        exit 3 if a verified cell differs."""
+        exit 5 if a verified cell differs."""
 
         def start() -> None:
             from ps.experiments import runner
@@ -145,8 +145,8 @@ class GridRun:
             click.echo(f"{len(results)} cells; report: {report}")
             if checked and not all(c["same"] for c in checked):
                 differ = ", ".join(c["label"] for c in checked if not c["same"])
-                raise PeerError(f"the cluster and the reference engine end differently: "
-                                f"{differ}")
+                raise ReferenceMismatch("the cluster and the reference engine end "
+                                        f"differently: {differ}")
 
         run_process("experiment", ProcessOptions(out_dir=self.out), start)
 

@@ -13,7 +13,7 @@ import click
 
 from common.cli import settings_command
 from common.config import AttackConfig, RunConfig
-from common.errors import ConfigError, PeerError
+from common.errors import ConfigError, ReferenceMismatch
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, pin_torch_threads, run_process
@@ -87,16 +87,25 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     display = ProgressLine(cfg.rounds)
     result = Cluster(spec).run(display.update)
     display.finish()
-    p = result.progress
-    click.echo(f"done: {cfg.rounds} rounds in {result.seconds:.1f} s "
-               f"({p.rounds_per_s:.1f} rounds/s)"
-               + (f"; test top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
-                  if p.top1 is not None else ""))
+    click.echo(summary_line(cfg.rounds, result.seconds, result.progress))
     click.echo(f"final parameters sha256 {result.digest}")
     click.echo(f"logs and metrics: {out}")
     draw_finished_run(out)
     if spec.cluster.verify:
         verify(spec, result.digest)
+
+
+def summary_line(rounds: int, seconds: float, p) -> str:
+    """The line a finished run prints: its wall time (start-up included), then the
+    training rate over the span it is measured on (server 0's rounds after its first,
+    start-up excluded), with that span, so that each figure says what it covers."""
+    line = f"done: {rounds} rounds in {seconds:.1f} s wall time (start-up included)"
+    if p.timed_rounds:
+        line += (f"; the last {p.timed_rounds} rounds in {p.span_s:.2f} s, "
+                 f"{p.rounds_per_s:.1f} rounds/s")
+    if p.top1 is not None:
+        line += f"; test top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
+    return line
 
 
 def resumed_security(saved: SecurityOptions, given: SecurityOptions) -> SecurityOptions:
@@ -127,7 +136,7 @@ def saved_values(out_dir: Path) -> tuple[dict[str, Any], ProcessOptions]:
 
 def verify(spec, digest: str) -> None:
     """Run the reference engine with the same settings, aggregating in each round the
-    workers the cluster did; ``PeerError`` if it differs."""
+    workers the cluster did; ``ReferenceMismatch`` (exit 5) if it differs."""
     pin_torch_threads(spec.process.torch_threads)
     from ps.reference.engine import simulate
     from ps.reference.participation import read_participation
@@ -148,9 +157,10 @@ def verify(spec, digest: str) -> None:
     reference = simulate(spec.cfg, spec.attack, data_dir=spec.client.data_dir,
                          participation=participation)
     if reference.digest != digest:
-        raise PeerError(f"cluster and reference differ: {digest} != {reference.digest}")
+        raise ReferenceMismatch(f"cluster and reference differ: {digest} != "
+                                f"{reference.digest}")
     click.echo(f"verified: the reference engine ends with the same parameters "
-               f"({reference.seconds:.1f} s, {spec.cfg.rounds / reference.seconds:.1f} "
+               f"({reference.seconds:.2f} s, {spec.cfg.rounds / reference.seconds:.1f} "
                "rounds/s)")
 
 

@@ -107,7 +107,9 @@ class Progress:
     """What the launcher knows about the run so far (from the metrics files)."""
 
     round: int = 0
-    rounds_per_s: float = 0.0
+    rounds_per_s: float = 0.0  # timed_rounds / span_s
+    timed_rounds: int = 0  # rounds ended after server 0's first one (start-up excluded)
+    span_s: float = 0.0  # from the end of that first round to the end of the last
     restarts: int = 0
     eval_round: int | None = None
     top1: float | None = None
@@ -393,6 +395,7 @@ class Cluster:
             progress.round = rounds[-1]["round"] + 1
             if len(rounds) > 1:
                 span = rounds[-1]["time"] - rounds[0]["time"]
+                progress.timed_rounds, progress.span_s = len(rounds) - 1, span
                 progress.rounds_per_s = (len(rounds) - 1) / span if span > 0 else 0.0
         evals = read_jsonl(self.out / "evaluator.jsonl")
         if evals:

@@ -20,7 +20,7 @@ class ClusterOptions:
                                           roles=(CLUSTER,), minimum=0.001)
     verify: bool = setting(False, "Afterwards run the in-process reference engine with the "
                            "same settings and check that the final parameters are "
-                           "bit-identical (exit 3 if not).", roles=(CLUSTER,))
+                           "bit-identical (exit 5 if not).", roles=(CLUSTER,))
     max_restarts: int = setting(3, "Restart a process that died unexpectedly (a server "
                                 "resumes from its checkpoint) up to this many times each; "
                                 "0: the first death stops the run.", roles=(CLUSTER,),

@@ -3,6 +3,7 @@ per rule (the same in every figure), readable sizes, and how a figure is saved."
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +28,12 @@ DPI = 110
 
 
 def pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (files only; no display needed)."""
+    """``matplotlib.pyplot`` on the Agg backend (files only; no display needed).
+
+    matplotlib's own log lines below warnings (such as "generated new fontManager", on
+    the first use with a fresh cache) are not the project's: they never reach the
+    process's log, even with ``--verbose``."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg", force=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from common.errors import EXIT_MISMATCH
 from ps.experiments.cli import main
 from ps.experiments.grid import GridSpec, paper_cells
 from ps.experiments.runner import cell_path
@@ -117,12 +118,12 @@ def test_cells_through_the_cluster_match_the_reference_and_a_difference_fails(
     report = (out / "report.md").read_text()
     assert "2 cells run again through real processes (`--verify-sample`): 2 end with " \
         "bit-identical parameters" in report
-    # a cluster result that differs from the reference: exit 3, named, and in the report
+    # a cluster result that differs from the reference: exit 5, named, and in the report
     tampered = cell_path(out, marmed[1], "cluster")
     record = json.loads(tampered.read_text())
     tampered.write_text(json.dumps({**record, "params_sha256": "0" * 64}))
     failed = _invoke("--out", str(out), *QUICK, "--rules", "marmed", "--verify-sample", "2")
-    assert failed.exit_code == 3, failed.output
+    assert failed.exit_code == EXIT_MISMATCH, failed.output
     assert "| **no** |" in (out / "report.md").read_text()
 
 

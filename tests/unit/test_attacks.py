@@ -376,3 +376,20 @@ def test_attack_parameters_are_checked_with_their_flag(name: str, params: dict,
                                                        message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         attack_class(name)(**params).check(num_workers=7, num_byzantine=5)
+
+
+def test_the_package_docstring_names_every_attack_where_it_runs() -> None:
+    """``common.attacks``' docstring lists each registered attack once, among those a
+    proxy runs or among those only workers run, as its ``sites`` say."""
+    import re
+
+    import common.attacks
+    from common.attacks import ATTACKS
+    from common.settings import PROXY
+
+    text = " ".join(common.attacks.__doc__.split())
+    workers_only = text[text.index("by Byzantine workers only"):]
+    for name, cls in ATTACKS.items():
+        assert len(re.findall(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)) == 1, name
+        assert (re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", workers_only) is None) \
+            == (PROXY in cls.sites), name

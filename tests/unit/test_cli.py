@@ -184,3 +184,62 @@ def test_experiment_num_workers_is_a_hidden_deprecated_name_of_workers(grid_runs
     both = _experiment("--num-workers", "5", "--workers", "6")
     assert both.exit_code == 2 and "give --workers only" in both.output
     assert "--num-workers " not in _experiment("--help").output
+
+
+def test_a_reference_mismatch_has_its_own_documented_exit_code(tmp_path, monkeypatch) -> None:
+    """--verify's difference is neither a peer error (3) nor any other code: exit 5,
+    listed in every --help's exit codes."""
+    from types import SimpleNamespace
+
+    import common.errors as errors
+    import ps.reference.engine
+    import ps.reference.participation
+    from common.config import AttackConfig, RunConfig
+    from common.process import ProcessOptions, run_process
+    from ps.launcher.cli import verify
+
+    others = {errors.EXIT_OK, errors.EXIT_INTERNAL, errors.EXIT_CONFIG, errors.EXIT_PEER,
+              errors.EXIT_TIMEOUT, errors.EXIT_INTERRUPTED}
+    assert errors.EXIT_MISMATCH not in others
+    assert f"{errors.EXIT_MISMATCH} the cluster's result differs" in errors.EXIT_CODES_TEXT
+    monkeypatch.setattr(ps.reference.participation, "read_participation",
+                        lambda *args: SimpleNamespace(rounds_closed_short=0))
+    monkeypatch.setattr(ps.reference.engine, "simulate",
+                        lambda *args, **kwargs: SimpleNamespace(digest="b" * 64, seconds=1.0))
+    spec = SimpleNamespace(cfg=RunConfig(), attack=AttackConfig(), out_dir=tmp_path,
+                           client=SimpleNamespace(data_dir=None),
+                           process=ProcessOptions())
+    with pytest.raises(SystemExit) as ended:
+        run_process("cluster", ProcessOptions(), lambda: verify(spec, "a" * 64))
+    assert ended.value.code == errors.EXIT_MISMATCH
+
+
+def test_the_summary_line_says_which_span_its_time_and_rate_cover(tmp_path) -> None:
+    """The wall time includes start-up; the rate is over the rounds after server 0's
+    first, and the line names them, so rate x span gives the rounds it names."""
+    import json
+    import re
+    from types import SimpleNamespace
+
+    from ps.launcher.cli import summary_line
+    from ps.launcher.cluster import Cluster, Progress
+
+    times = [8.5 + 29.3 * t / 299 for t in range(300)]
+    (tmp_path / "server-0.jsonl").write_text(
+        "".join(json.dumps({"round": t, "time": x}) + "\n" for t, x in enumerate(times)))
+    p = Cluster.progress(SimpleNamespace(out=tmp_path, restarts=[]))
+    assert (p.round, p.timed_rounds) == (300, 299) and p.span_s == pytest.approx(29.3)
+    line = summary_line(300, 37.8, p)
+    assert line.startswith("done: 300 rounds in 37.8 s wall time (start-up included)")
+    short = Progress(round=20, rounds_per_s=19 / 0.462, timed_rounds=19, span_s=0.462)
+    for progress, timed in ((p, 299), (short, 19)):
+        rounds, span, rate = re.search(r"the last (\d+) rounds in ([\d.]+) s, ([\d.]+) "
+                                       r"rounds/s", summary_line(300, 37.8, progress)).groups()
+        assert int(rounds) == timed
+        assert float(rate) * float(span) == pytest.approx(timed, rel=0.01)  # they agree
+    assert "top-1" not in line
+    p.top1, p.top3, p.loss = 0.5, 0.75, 1.25
+    assert summary_line(300, 37.8, p).endswith("; test top-1 0.5000, top-3 0.7500, "
+                                               "loss 1.2500")
+    assert summary_line(1, 2.0, Progress(round=1)) == \
+        "done: 1 rounds in 2.0 s wall time (start-up included)"

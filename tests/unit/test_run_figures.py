@@ -150,3 +150,25 @@ def test_ps_simulate_writes_engine_metrics_config_and_figures(tmp_path: Path) ->
     config = json.loads((out / "config.json").read_text())
     assert config["attack"]["proxy_attack"] == "gambler" and config["run"]["rounds"] == 4
     _assert_pngs(out, ALL_FIGURES - {"round_time.png"})
+
+
+def test_a_fresh_matplotlib_cache_logs_nothing_on_the_terminal(tmp_path: Path) -> None:
+    """matplotlib builds its font cache on first use and logs "generated new fontManager"
+    at INFO; with the project's logging set up (even --verbose), no such line shows."""
+    import subprocess
+    import sys
+
+    code = ("from common.process import setup_logging; setup_logging('x', True)\n"
+            "from ps.plots.style import pyplot, save\n"
+            "fig = pyplot().figure(); fig.gca().plot([0, 1]); fig.gca().set_title('t')\n"
+            f"save(fig, __import__('pathlib').Path({str(tmp_path / 'f.png')!r}))\n")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=root, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root),
+                                 "MPLCONFIGDIR": str(tmp_path / "mpl"),
+                                 "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "mpl").is_dir()  # the cache was built in this run
+    assert (tmp_path / "f.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert result.stderr == "" and result.stdout == ""

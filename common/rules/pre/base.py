@@ -22,6 +22,12 @@ CAF's) runs on the shard's sub-vectors, independently on each server: a row may 
 "nearest neighbour" or be clipped on one shard and not on another.  Their guarantees,
 stated for whole vectors, hold per shard (each shard's output is what the rule would
 give on that sub-problem), not for the concatenated vector.
+
+Inputs and outputs: like a rule, a step takes only an (n, d) float32 CPU tensor
+(``RuleError`` otherwise, naming the step) and leaves float32 rows.  Non-finite values:
+each module says how it treats them; a coordinate that is NaN in every input row stays
+NaN in every output row (an all-NaN matrix gives all-NaN rows, which every rule then
+aggregates to NaN, see ``common.rules.base``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from common.rules.base import RuleError, as_int, rule_class
+from common.rules.base import RuleError, as_int, check_matrix, rule_class
 
 if TYPE_CHECKING:
     import torch
@@ -93,11 +99,11 @@ class PreAggregator:
         self.last_info: dict[str, Any] = {}
 
     def __call__(self, G: torch.Tensor, context: RoundContext) -> torch.Tensor:
-        """Map the contiguous (n, d) float32 tensor ``G`` (never modified) to (n', d)."""
+        """Map the (n, d) float32 CPU tensor ``G`` (never modified) to (n', d) float32;
+        ``RuleError`` for any other input, as a rule (``common.rules.base.check_matrix``)."""
         import torch
 
-        if G.shape[0] != self.n:
-            raise RuleError(f"{self.name} was built for n={self.n} rows, got {G.shape[0]}")
+        G = check_matrix(self.name, self.n, G)
         self.last_info = {}
         out = self.apply(G, context)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(out)
