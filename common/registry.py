@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -20,21 +20,26 @@ T = TypeVar("T")
 
 class Registry(Mapping[str, T], Generic[T]):
     """The registered ``what`` (e.g. "rule") by their ``name`` attribute; an unknown name
-    looked up raises ``error`` naming the known ones; ``reserved`` names are refused."""
+    looked up raises ``error`` naming the known ones; ``reserved`` names are refused, and
+    ``check`` may refuse an item (raising) before it is registered."""
 
-    def __init__(self, what: str, error: type[Exception],
-                 reserved: Collection[str] = ()) -> None:
+    def __init__(self, what: str, error: type[Exception], reserved: Collection[str] = (),
+                 check: Callable[[T], None] | None = None) -> None:
         self.what = what
         self.error = error
         self.reserved = frozenset(reserved)
+        self.check = check
         self._items: dict[str, T] = {}
 
     def register(self, item: T) -> T:
-        """Add ``item`` under ``item.name`` and return it; ``ValueError`` if the name is
-        taken or reserved."""
+        """Add ``item`` under ``item.name`` (after the registry's ``check`` of it) and
+        return it: a class decorator, or a call. ``ValueError`` if the name is taken or
+        reserved."""
         name = item.name  # type: ignore[attr-defined]
         if name in self._items or name in self.reserved:
             raise ValueError(f"{self.what} name {name!r} is taken")
+        if self.check is not None:
+            self.check(item)
         self._items[name] = item
         return item
 

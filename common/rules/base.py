@@ -103,17 +103,17 @@ class OptionSettings:
         return frozenset(ROLES)
 
 
-def option_settings(cls: type) -> tuple[Declared, ...]:
+def option_settings(cls: type[Step]) -> tuple[Declared, ...]:
     """The declared settings of a rule's or a pre-aggregator's options (none: ``()``)."""
     return () if cls.Settings is None else declared(cls.Settings)
 
 
-def option_defaults(cls: type) -> dict[str, Any]:
+def option_defaults(cls: type[Step]) -> dict[str, Any]:
     """The defaults of the options ``cls`` declares as settings, by option name."""
     return {d.name: d.default for d in option_settings(cls)}
 
 
-def check_declaration(cls: type) -> None:
+def check_declaration(cls: type[Step]) -> None:
     """``TypeError`` unless every setting ``cls`` declares is one of its ``options``."""
     extra = [d.name for d in option_settings(cls) if d.name not in cls.options]
     if extra:
@@ -121,35 +121,11 @@ def check_declaration(cls: type) -> None:
                         f"options {cls.options}")
 
 
-def check_options(cls: type, n: int, q: int,
-                  options: Mapping[str, Any]) -> dict[str, Any]:
-    """The checks every rule and pre-aggregator shares (n, q, the precondition, the
-    option names); ``options`` with the defaults of its settings filled in."""
-    n, q = as_int(n, "n"), as_int(q, "q")
-    if n < 1:
-        raise RuleError(f"{cls.name} needs n >= 1, got n={n}, q={q}")
-    if not 0 <= q < n:
-        raise RuleError(f"{cls.name} needs 0 <= q < n, got n={n}, q={q}")
-    if cls.precondition is not None and not cls.precondition(n, q):
-        raise RuleError(f"{cls.name} needs {cls.needs}, got n={n}, q={q}")
-    unknown = sorted(set(options) - set(cls.options))
-    if unknown:
-        valid = ", ".join(cls.options) or "none"
-        raise RuleError(
-            f"unknown option(s) for {cls.name}: {', '.join(unknown)}; valid: {valid}")
-    return {**option_defaults(cls), **options}
-
-
-class Rule:
-    """Base of all rules: preconditions in ``check``, the math in ``aggregate``.
-
-    Subclasses set ``name``, a one-line ``summary`` (shown in the README), their
-    precondition on (n, q) with its text ``needs``, ``options`` (the keyword options
-    they accept; ``check`` validates them), the ``Settings`` of the options a run sets
-    (their defaults are the options' defaults), ``stateful`` if they carry state from
-    round to round (``get_state``/``set_state``), and implement ``aggregate``, which
-    may return a numpy array or a tensor.
-    """
+class Step:
+    """What a rule and a pre-aggregator share: a ``name``, a one-line ``summary`` (shown in
+    the README), a precondition on (n, q) with its text ``needs``, ``options`` (the
+    keyword options accepted; ``check`` validates them) and the ``Settings`` of those a
+    run sets (their defaults are the options' defaults)."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
@@ -157,16 +133,44 @@ class Rule:
     precondition: ClassVar[Callable[[int, int], bool] | None] = None
     options: ClassVar[tuple[str, ...]] = ()
     Settings: ClassVar[type[OptionSettings] | None] = None
-    stateful: ClassVar[bool] = False
+    n: int
+    q: int
 
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
-        """Validate n, q and the options; return the options with the defaults of those
-        declared as settings filled in (a subclass checks their values).
+        """Validate n, q and the option names; return the options with the defaults of
+        those declared as settings filled in (a subclass checks their values).
 
-        Raises ``RuleError`` naming the rule, n and q.
+        Raises ``RuleError`` naming the rule (or pre-aggregator), n and q.
         """
-        return check_options(cls, n, q, options)
+        n, q = as_int(n, "n"), as_int(q, "q")
+        if n < 1:
+            raise RuleError(f"{cls.name} needs n >= 1, got n={n}, q={q}")
+        if not 0 <= q < n:
+            raise RuleError(f"{cls.name} needs 0 <= q < n, got n={n}, q={q}")
+        if cls.precondition is not None and not cls.precondition(n, q):
+            raise RuleError(f"{cls.name} needs {cls.needs}, got n={n}, q={q}")
+        unknown = sorted(set(options) - set(cls.options))
+        if unknown:
+            valid = ", ".join(cls.options) or "none"
+            raise RuleError(
+                f"unknown option(s) for {cls.name}: {', '.join(unknown)}; valid: {valid}")
+        return {**option_defaults(cls), **options}
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
+        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
+
+
+class Rule(Step):
+    """Base of all rules: preconditions in ``check``, the math in ``aggregate``.
+
+    Subclasses set what every ``Step`` declares, ``stateful`` if they carry state from
+    round to round (``get_state``/``set_state``), and implement ``aggregate``, which
+    may return a numpy array or a tensor.
+    """
+
+    stateful: ClassVar[bool] = False
 
     @classmethod
     def default_q(cls, n: int) -> int:
@@ -223,19 +227,12 @@ class Rule:
         if state:
             raise RuleError(f"{self.name} keeps no state, got {sorted(state)}")
 
-    def __repr__(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
-        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
 
-
-RULES: Registry[type[Rule]] = Registry("rule", RuleError)
+RULES: Registry[type[Rule]] = Registry("rule", RuleError, check=check_declaration)
 """Every rule by name; a module of this package adds its rule with :func:`register_rule`."""
 
-
-def register_rule(cls: type[Rule]) -> type[Rule]:
-    """Class decorator: add ``cls`` to :data:`RULES` under ``cls.name``."""
-    check_declaration(cls)
-    return RULES.register(cls)
+register_rule = RULES.register
+"""Class decorator: add a rule class to :data:`RULES` under its ``name``."""
 
 
 def rule_names() -> list[str]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import RULES, Rule, make_rule, option_settings
+from common.rules.base import RULES, Rule, Step, make_rule, option_settings
 from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows, check_chain
 from common.settings import METADATA_KEY, ROLES, Declared
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from common.config import RunConfig
 
 
-def options_of(cls: type, values: Any) -> dict[str, Any]:
+def options_of(cls: type[Step], values: Any) -> dict[str, Any]:
     """The options rule (or pre-aggregator) ``cls`` declares as settings, from the run
     settings ``values`` (a ``RunConfig``), by option name."""
     return {d.name: getattr(values, d.param) for d in option_settings(cls)}

@@ -26,16 +26,15 @@ give on that sub-problem), not for the concatenated vector.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from common.registry import Registry
 from common.rules.base import (
-    OptionSettings,
     RuleError,
+    Step,
     check_declaration,
-    check_options,
     option_defaults,
     rule_class,
 )
@@ -54,26 +53,12 @@ class RoundContext:
     shard: int = 0
 
 
-class PreAggregator:
+class PreAggregator(Step):
     """Base of all pre-aggregators: preconditions in ``check``, the map in ``apply``.
 
-    Subclasses set ``name``, a one-line ``summary``, their precondition on (n, q) with its
-    text ``needs``, ``options`` (keyword options; ``check`` validates them), the
-    ``Settings`` of the options a run sets (their defaults are the options' defaults),
-    override ``output_rows`` if they change the number of rows, and implement ``apply``.
+    Subclasses set what every ``Step`` declares, override ``output_rows`` if they change
+    the number of rows, and implement ``apply``.
     """
-
-    name: ClassVar[str]
-    summary: ClassVar[str] = ""
-    needs: ClassVar[str] = ""
-    precondition: ClassVar[Callable[[int, int], bool] | None] = None
-    options: ClassVar[tuple[str, ...]] = ()
-    Settings: ClassVar[type[OptionSettings] | None] = None
-
-    @classmethod
-    def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
-        """Validate n, q and the options; the options with defaults filled in."""
-        return check_options(cls, n, q, options)
 
     @classmethod
     def output_rows(cls, n: int, **options: Any) -> int:
@@ -101,19 +86,13 @@ class PreAggregator:
     def apply(self, G: torch.Tensor, context: RoundContext) -> Any:
         raise NotImplementedError
 
-    def __repr__(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
-        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
 
-
-PRE_AGGREGATORS: Registry[type[PreAggregator]] = Registry("pre-aggregator", RuleError)
+PRE_AGGREGATORS: Registry[type[PreAggregator]] = Registry("pre-aggregator", RuleError,
+                                                          check=check_declaration)
 """Every pre-aggregator by name (a module of ``common.rules.pre`` registers its own)."""
 
-
-def register_pre(cls: type[PreAggregator]) -> type[PreAggregator]:
-    """Class decorator: add ``cls`` to :data:`PRE_AGGREGATORS` under ``cls.name``."""
-    check_declaration(cls)
-    return PRE_AGGREGATORS.register(cls)
+register_pre = PRE_AGGREGATORS.register
+"""Class decorator: add a pre-aggregator class to :data:`PRE_AGGREGATORS`."""
 
 
 def pre_names() -> list[str]:
