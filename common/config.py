@@ -29,8 +29,9 @@ from common.budgets import excerpt
 from common.data import dataset_names
 from common.errors import ConfigError
 from common.models import MODELS
-from common.rules import RuleError, rule_class, rule_names
-from common.rules.pre import chain_rows, check_chain, parse_chain
+from common.rules import RULES, RuleError, rule_class, rule_names
+from common.rules.defence import check_defence, rows_after_chain, with_option_settings
+from common.rules.pre import PRE_AGGREGATORS, parse_chain
 from common.settings import (
     EXPERIMENT,
     LAUNCHERS,
@@ -51,8 +52,14 @@ RUN_AND_GRID = (*ROLES, EXPERIMENT)
 
 
 @dataclass(frozen=True)
+@with_option_settings({"q": RULES.values(), "pre": PRE_AGGREGATORS.values()})
 class RunConfig:
-    """Settings shared by every server, worker, proxy and evaluator of one run."""
+    """Settings shared by every server, worker, proxy and evaluator of one run.
+
+    The options of the rules and the pre-aggregators are declared by each (its
+    ``Settings``: ``--multikrum-m``, ``--cc-tau``, ``--cc-iters`` after ``q``,
+    ``--bucket-size`` after ``pre``) and are fields here too, named after their flags.
+    """
 
     model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN; wide: "
                          "an MLP of 10.6M parameters, for scaling benchmarks.",
@@ -72,20 +79,12 @@ class RunConfig:
     q: int | None = setting(None, "Byzantine values tolerated per coordinate (Krum: 2q+2 < n; "
                             "MeaMed: q <= ceil(n/2)-1). Default: (n-3)//2, the paper's 8 for "
                             "n=20; Bulyan (n-3)//4.", roles=ROLES, hashed=True, minimum=0)
-    multikrum_m: int | None = setting(None, "Multi-Krum: number of vectors averaged "
-                                      "(default n-q).", roles=ROLES, hashed=True, minimum=1)
-    cc_tau: float = setting(100.0, "Centered clipping: clipping radius tau (the authors' "
-                            "100).", roles=ROLES, hashed=True, minimum=0.0)
-    cc_iters: int = setting(1, "Centered clipping: clipping iterations L per round (the "
-                            "authors' 1).", roles=ROLES, hashed=True, minimum=1)
     pre: str | None = setting(None, "Pre-aggregation before the rule, on each server's shard "
                               "rows: a comma-separated chain applied in order, e.g. arc,nnm "
                               "(nnm, bucketing, arc; see the README); unset: none. After "
                               "bucketing the rule gets ceil(n/s) rows with the same q, and "
                               "the default q is the rule's for that many rows.", roles=ROLES,
                               hashed=True)
-    bucket_size: int = setting(2, "Bucketing (--pre bucketing): rows averaged per bucket s.",
-                               roles=ROLES, hashed=True, minimum=1)
     lr: float = setting(0.1, "Learning rate.", roles=ROLES, hashed=True)
     worker_momentum: float = setting(
         0.0, "Worker momentum beta in [0, 1): each worker pushes m_t = beta m_(t-1) + "
@@ -114,7 +113,7 @@ class RunConfig:
         if chain != self.pre:  # one spelling per chain, so that one chain has one hash
             return replace(self, pre=chain).validate()
         if self.q is None:
-            rows = chain_rows(self.pre_names(), self.num_workers, self.pre_options())
+            rows = rows_after_chain(self, self.num_workers)
             return replace(self, q=rule.default_q(rows)).validate()
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
@@ -133,24 +132,11 @@ class RunConfig:
     def check_rows(self, rows: int) -> int:
         """Check that the pre-aggregation chain and the rule can aggregate ``rows`` rows
         (n, or a quorum) at this q; the rows the rule then gets. ``RuleError`` if not."""
-        return check_chain(self.pre_names(), self.rule, rows, self.q, self.pre_options(),
-                           self.rule_options())
-
-    def rule_options(self) -> dict[str, Any]:
-        """Keyword options for ``make_rule`` derived from this configuration."""
-        if self.rule == "multikrum" and self.multikrum_m is not None:
-            return {"m": self.multikrum_m}
-        if self.rule == "centered-clipping":
-            return {"tau": self.cc_tau, "iters": self.cc_iters}
-        return {}
+        return check_defence(self, rows)
 
     def pre_names(self) -> tuple[str, ...]:
         """The pre-aggregators of ``--pre``, in order (``RuleError`` for an unknown one)."""
         return parse_chain(self.pre or "")
-
-    def pre_options(self) -> dict[str, dict[str, Any]]:
-        """Keyword options of each pre-aggregator, by name, from this configuration."""
-        return {"bucketing": {"s": self.bucket_size}}
 
     def to_dict(self) -> dict[str, Any]:
         return hashed_values(self)

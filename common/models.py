@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.errors import ConfigError
+from common.registry import Registry
 from common.seeding import derive_int_seed
 
 if TYPE_CHECKING:
@@ -102,20 +103,27 @@ def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model: a one-line summary and its builder (input shape, classes)."""
+    """A registered model: its name, a one-line summary and its builder (input shape,
+    classes)."""
 
+    name: str
     summary: str
     build: Callable[[tuple[int, int, int], int], nn.Module]
 
 
-MODELS: dict[str, ModelSpec] = {
-    "mlp": ModelSpec("the paper's MLP: fc 128 - ReLU - fc 128 - ReLU - fc classes", _mlp),
-    "cnn": ModelSpec("the paper's CNN: 2x(conv 32) - pool - 2x(conv 64) - pool - 2x(fc 512)",
-                     _cnn),
-    "wide": ModelSpec("not the paper's: fc 8192 - ReLU - fc 512 - ReLU - fc classes (10.6M "
-                      "parameters on 28x28 inputs), to measure the cluster at large d", _wide),
-}
+MODELS: Registry[ModelSpec] = Registry("model", ConfigError)
 """Every model by name (the choices of ``--model``)."""
+
+register_model = MODELS.register
+"""Add a :class:`ModelSpec` to :data:`MODELS` under its ``name``."""
+
+register_model(ModelSpec("mlp", "the paper's MLP: fc 128 - ReLU - fc 128 - ReLU - fc classes",
+                         _mlp))
+register_model(ModelSpec("cnn", "the paper's CNN: 2x(conv 32) - pool - 2x(conv 64) - pool - "
+                         "2x(fc 512)", _cnn))
+register_model(ModelSpec("wide", "not the paper's: fc 8192 - ReLU - fc 512 - ReLU - fc "
+                         "classes (10.6M parameters on 28x28 inputs), to measure the cluster "
+                         "at large d", _wide))
 
 
 def build_model(
@@ -130,8 +138,7 @@ def build_model(
     """
     import torch
 
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    spec = MODELS[name]
     if len(input_shape) != 3 or any(int(s) < 1 for s in input_shape):
         raise ValueError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape}")
     if num_classes < 2:
@@ -139,7 +146,7 @@ def build_model(
     shape = (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_int_seed(seed, "model-init"))
-        model = MODELS[name].build(shape, int(num_classes))
+        model = spec.build(shape, int(num_classes))
     return model.float()
 
 
@@ -150,10 +157,9 @@ def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: 
     the deployment's memory limits need)."""
     import torch
 
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    spec = MODELS[name]
     with torch.device("meta"):
-        built = MODELS[name].build(tuple(input_shape), int(num_classes))
+        built = spec.build(tuple(input_shape), int(num_classes))
     return num_parameters(built)
 
 

@@ -51,7 +51,8 @@ from common.data import load_dataset
 from common.metrics import read_jsonl
 from common.model_init import initial_parameters
 from common.models import build_model, num_parameters
-from common.rules import make_rule
+from common.rules.defence import Defence
+from common.rules.pre import RoundContext
 from ps.reference.engine import simulate
 from worker.trainer import GradientComputer
 
@@ -174,7 +175,7 @@ def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, flo
     torch.set_num_threads(1)
     computer = GradientComputer(cfg, data)
     x = initial_parameters(cfg)
-    rule = make_rule(cfg.rule, cfg.num_workers, cfg.q, **cfg.rule_options())
+    defence = Defence(cfg)
     rows = torch.randn(cfg.num_workers, computer.d // cfg.num_shards)
 
     def median_ms(step: Any) -> float:
@@ -186,7 +187,9 @@ def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, flo
             times.append(time.perf_counter() - began)
         return statistics.median(times) * 1e3
 
-    return (median_ms(lambda: computer.gradient(x, 0, 0)), median_ms(lambda: rule(rows)))
+    context = RoundContext(cfg.seed)
+    return (median_ms(lambda: computer.gradient(x, 0, 0)),
+            median_ms(lambda: defence(rows, context)))
 
 
 def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, insecure: bool,

@@ -59,9 +59,9 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
         if path is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
         if os.path.lexists(path):
-            stateful = getattr(core.state.rule, "stateful", False)
             expect = Expected.of(cfg, shard, size=core.stop - core.start,
-                                 rule_state=None if stateful else frozenset())
+                                 rule_state=None if core.state.defence.stateful
+                                 else frozenset())
             ckpt = load_checkpoint(path, key=mac_key, expect=expect)
             try:
                 core.restore(ckpt)

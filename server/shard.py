@@ -3,12 +3,12 @@
 Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr * Aggr({g_{i,s}^t : i in [n]}),
 with the n gradient shards ordered by worker id and Aggr the configured rule,
 applied locally and coordinate-wise, after the configured pre-aggregation chain
-(``--pre``, ``common.rules.pre``; seeded by (seed, round, shard)). A round closed at its
-deadline aggregates the m < n rows it has (still ordered by worker id) with the chain
-and the rule built for m rows; which workers each round aggregated is its
-participation, kept with the parameters. A stateful rule's state (centered clipping:
-the previous aggregate) is kept here between rounds, whichever rule instance ran the
-round, and saved with the checkpoint.
+(``--pre``, ``common.rules.pre``; seeded by (seed, round, shard)): the run's
+``Defence``. A round closed at its deadline aggregates the m < n rows it has (still
+ordered by worker id) with the chain and the rule built for m rows; which workers each
+round aggregated is its participation, kept with the parameters. A stateful rule's
+state (centered clipping: the previous aggregate) is kept by the defence between
+rounds, whichever rows ran the round, and saved with the checkpoint.
 
 The server's core (``server/core.py``) and the in-process reference engine
 (``ps/reference/engine.py``, which can replay a recorded participation) both drive this
@@ -26,8 +26,9 @@ import torch
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.protocol import ErrorCode, Message, Refused
-from common.rules import Rule, RuleError, make_rule
-from common.rules.pre import Chain, RoundContext
+from common.rules import RuleError
+from common.rules.defence import Defence
+from common.rules.pre import RoundContext
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
 # consistent snapshot of round t from every shard.
@@ -53,12 +54,7 @@ class ShardState:
     def __init__(self, cfg: RunConfig, shard: int, initial: np.ndarray) -> None:
         self.cfg = cfg
         self.shard = shard
-        self.pre = Chain(cfg.pre_names(), cfg.num_workers, cfg.q, cfg.pre_options())
-        self.rule = make_rule(cfg.rule, self.pre.rows_out, cfg.q, **cfg.rule_options())
-        self._partial_rules: dict[int, Rule] = {}
-        self._partial_pre: dict[int, Chain] = {}
-        # what a stateful rule carries to the next round (centered clipping: "center")
-        self.rule_state: dict[str, np.ndarray] = {}
+        self.defence = Defence(cfg)
         self.params = np.array(initial, dtype=np.float32, copy=True)
         self.size = self.params.size
         self.round = 0
@@ -80,7 +76,7 @@ class ShardState:
             raise ConfigError(f"checkpoint holds {params.size} values, shard {self.shard} "
                               f"has {self.size}")
         rule_state = dict(rule_state or {})
-        if getattr(self.rule, "stateful", False) and round_ > 0 and not rule_state:
+        if self.defence.stateful and round_ > 0 and not rule_state:
             raise ConfigError(f"checkpoint of round {round_} holds no state for rule "
                               f"{self.cfg.rule}, which carries it from round to round")
         for key, value in rule_state.items():
@@ -88,11 +84,9 @@ class ShardState:
                 raise ConfigError(f"checkpoint's rule state {key!r} holds {value.size} "
                                   f"values, shard {self.shard} has {self.size}")
         try:  # names the rule does not carry: refused now, not at every round's step
-            self.rule.set_state(rule_state)
+            self.defence.set_state(rule_state)
         except RuleError as exc:
             raise ConfigError(f"checkpoint's rule state: {exc}") from exc
-        self.rule_state = {k: np.array(v, dtype=np.float32, copy=True)
-                           for k, v in rule_state.items()}
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.round = round_
         self.received[:] = False
@@ -114,28 +108,10 @@ class ShardState:
         """All n gradient shards of the current round have arrived."""
         return self.pushes == self.cfg.num_workers
 
-    def rule_for(self, rows: int) -> Rule:
-        """The rule for a round of ``rows`` pushed rows (n: the configured one), built for
-        what the pre-aggregation chain leaves of them; ``RuleError`` if it cannot run
-        with that many at this q."""
-        if rows == self.cfg.num_workers:
-            return self.rule
-        rule = self._partial_rules.get(rows)
-        if rule is None:
-            rule = make_rule(self.cfg.rule, self.pre_for(rows).rows_out, self.cfg.q,
-                             **self.cfg.rule_options())
-            self._partial_rules[rows] = rule
-        return rule
-
-    def pre_for(self, rows: int) -> Chain:
-        """The pre-aggregation chain for a round of ``rows`` pushed rows."""
-        if rows == self.cfg.num_workers:
-            return self.pre
-        chain = self._partial_pre.get(rows)
-        if chain is None:
-            chain = Chain(self.cfg.pre_names(), rows, self.cfg.q, self.cfg.pre_options())
-            self._partial_pre[rows] = chain
-        return chain
+    @property
+    def rule_state(self) -> dict[str, np.ndarray]:
+        """What a stateful rule carries to the next round (centered clipping: "center")."""
+        return self.defence.state
 
     def params_at(self, round_: int) -> np.ndarray | None:
         """Parameters at ``round_``; None if that round is still to come.
@@ -184,9 +160,9 @@ class ShardState:
                           f"push for round {round_}, current round is {self.round}")
         if self.finished:
             raise Refused(ErrorCode.FINISHED, f"the run finished after {self.cfg.rounds} rounds")
-        if round_ != self.round:
-            code = ErrorCode.STALE_ROUND if round_ < self.round else ErrorCode.WRONG_ROUND
-            raise Refused(code, f"push for round {round_}, current round is {self.round}")
+        if round_ != self.round:  # (a later round: an earlier one is stale, above)
+            raise Refused(ErrorCode.WRONG_ROUND,
+                          f"push for round {round_}, current round is {self.round}")
         if self.received[worker]:
             raise Refused(
                 ErrorCode.DUPLICATE, f"worker {worker} already pushed round {round_}"
@@ -208,32 +184,20 @@ class ShardState:
         x <- x - lr * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
         mask = self.received.copy()
         rows = self.pushes
-        pre = self.pre_for(rows)
-        rule = self.rule_for(rows)
+        self.defence.for_rows(rows)  # built (or RuleError) before the clock starts
         started = time.perf_counter()
         grads = self.grads if rows == self.cfg.num_workers else self.grads[mask]
-        matrix = torch.from_numpy(grads)
-        if pre:
-            matrix = pre(matrix, RoundContext(self.cfg.seed, self.round, self.shard))
-        stateful = getattr(rule, "stateful", False)
-        if stateful:
-            rule.set_state(self.rule_state)
-        aggregate = rule(matrix).numpy()
-        if stateful:
-            self.rule_state = dict(rule.get_state())
+        context = RoundContext(self.cfg.seed, self.round, self.shard)
+        aggregate = self.defence(torch.from_numpy(grads), context).numpy()
         self.params = self.params - np.float32(self.cfg.lr) * aggregate
         elapsed_ms = (time.perf_counter() - started) * 1e3
         nonfinite = int(grads.size - np.count_nonzero(np.isfinite(grads)))
-        info = dict(rule.last_info)
-        steps = [step for step in pre.last_info if len(step) > 1] if pre else []
-        if steps:  # what the pre-aggregators did, for those that say anything
-            info["pre"] = steps
         metrics = RoundMetrics(
             round=self.round,
             aggregation_ms=elapsed_ms,
             nonfinite_values=nonfinite,
             params_finite=bool(np.isfinite(self.params).all()),
-            rule_info=info,
+            rule_info=self.defence.last_info,
             workers=np.flatnonzero(mask).tolist(),
             missing=np.flatnonzero(~mask).tolist(),
         )

@@ -35,8 +35,8 @@ import torch
 from common.attacks import VectorAttack
 from common.attacks.base import Aim
 from common.config import AttackConfig, RunConfig
-from common.rules import make_rule
-from common.rules.pre import Chain, RoundContext
+from common.rules.defence import Defence
+from common.rules.pre import RoundContext
 from common.sharding import shard_ranges
 from worker.trainer import GradientComputer
 
@@ -79,25 +79,21 @@ def worker_attack(attack: AttackConfig) -> VectorAttack:
 
 class ServerAggregation:
     """What the run's servers compute from a round's (n, d) rows (ordered by worker id):
-    on each shard's columns, the pre-aggregation chain (seeded by seed, round and shard)
-    and the rule, concatenated. A stateful rule (centered clipping) starts from its
-    initial state: the attacker does not know the servers' state."""
+    on each shard's columns, the run's defence (the pre-aggregation chain, seeded by
+    seed, round and shard, and the rule), concatenated. A stateful rule (centered
+    clipping) starts from its initial state: the attacker does not know the servers'."""
 
     def __init__(self, cfg: RunConfig, d: int) -> None:
         self.cfg = cfg
         self.ranges = shard_ranges(d, cfg.num_shards)
-        self.pre = Chain(cfg.pre_names(), cfg.num_workers, cfg.q, cfg.pre_options())
-        self.rule = make_rule(cfg.rule, self.pre.rows_out, cfg.q, **cfg.rule_options())
+        self.defence = Defence(cfg)
 
     def __call__(self, rows: np.ndarray, round_: int) -> np.ndarray:
         out = np.empty(rows.shape[1], dtype=np.float32)
         for s, (a, b) in enumerate(self.ranges):
             matrix = torch.from_numpy(np.ascontiguousarray(rows[:, a:b]))
-            if self.pre:
-                matrix = self.pre(matrix, RoundContext(self.cfg.seed, round_, s))
-            if getattr(self.rule, "stateful", False):
-                self.rule.set_state({})
-            out[a:b] = self.rule(matrix).numpy()
+            self.defence.set_state({})
+            out[a:b] = self.defence(matrix, RoundContext(self.cfg.seed, round_, s)).numpy()
         return out
 
 

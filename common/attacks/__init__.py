@@ -7,9 +7,6 @@ against the servers' aggregation, ``optimised``) and labelflip (a gradient of fl
 labels).  The README's attack table lists each with its settings.
 """
 
-import importlib
-import pkgutil
-
 from common.attacks.base import (
     ATTACKS,
     NO_ATTACK,
@@ -21,10 +18,9 @@ from common.attacks.base import (
     attack_names,
     register_attack,
 )
+from common.registry import import_modules
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, skip={"base"})
 
 __all__ = ["ATTACKS", "NO_ATTACK", "Attack", "Site", "ValueAttack", "VectorAttack",
            "attack_class", "attack_names", "register_attack"]

@@ -14,7 +14,8 @@ An attack is a frozen dataclass whose fields are its parameters, each declared a
 setting (``common.settings``): flag, ``PS_*`` variable and help come from there, and the
 roles that take them from where the attack can run (:attr:`Attack.sites`). Each module
 of this package holds one attack, with the pure function that does the math, and
-registers it with :func:`register_attack`: adding an attack is adding a file.
+registers it with :func:`register_attack` (``common.registry``): adding an attack is
+adding a file.
 
 No attack modifies its inputs. All randomness comes from an explicit generator derived
 with :func:`common.seeding.derive_rng` from (seed, attack, round, worker, shard), so a
@@ -42,6 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from common.errors import ConfigError
+from common.registry import Registry
 from common.seeding import derive_rng
 from common.settings import CLUSTER, PROXY, SIMULATE, WORKER, check_ranges, declared
 
@@ -308,16 +310,11 @@ class VectorAttack(Attack):
         return targets
 
 
-ATTACKS: dict[str, type[Attack]] = {}
+ATTACKS: Registry[type[Attack]] = Registry("attack", ConfigError, reserved={NO_ATTACK})
 """Every attack by name, in registration order."""
 
-
-def register_attack(cls: type[Attack]) -> type[Attack]:
-    """Class decorator: add ``cls`` to :data:`ATTACKS` under ``cls.name``."""
-    if cls.name == NO_ATTACK or (cls.name in ATTACKS and ATTACKS[cls.name] is not cls):
-        raise ValueError(f"attack name {cls.name!r} is taken")
-    ATTACKS[cls.name] = cls
-    return cls
+register_attack = ATTACKS.register
+"""Class decorator: add an attack class to :data:`ATTACKS` under its ``name``."""
 
 
 def attack_names(site: str) -> tuple[str, ...]:
@@ -327,7 +324,4 @@ def attack_names(site: str) -> tuple[str, ...]:
 
 def attack_class(name: str) -> type[Attack]:
     """The attack called ``name``; ``ConfigError`` listing the valid names."""
-    try:
-        return ATTACKS[name]
-    except KeyError:
-        raise ConfigError(f"unknown attack {name!r}; valid: {', '.join(ATTACKS)}") from None
+    return ATTACKS[name]

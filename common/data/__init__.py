@@ -6,9 +6,7 @@ Adding a dataset is adding a module that calls :func:`register_dataset`.
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from pathlib import Path
 
 from common.data.base import (
@@ -20,20 +18,14 @@ from common.data.base import (
     register_dataset,
 )
 from common.data.sampling import minibatch_indices, partition_indices
-from common.errors import ConfigError
+from common.registry import import_modules
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "sampling"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, skip={"base", "sampling"})
 
 
 def dataset_spec(name: str) -> DatasetSpec:
     """The dataset called ``name``; ``ConfigError`` listing the valid names."""
-    try:
-        return DATASETS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown dataset {name!r}; valid: {', '.join(dataset_names())}") from None
+    return DATASETS[name]
 
 
 def dataset_shape(name: str) -> tuple[tuple[int, int, int], int]:

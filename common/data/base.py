@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from common.errors import ConfigError
+from common.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -55,16 +56,11 @@ class DatasetSpec:
     loader: Loader
 
 
-DATASETS: dict[str, DatasetSpec] = {}
+DATASETS: Registry[DatasetSpec] = Registry("dataset", ConfigError)
 """Every dataset by name, in registration order."""
 
-
-def register_dataset(spec: DatasetSpec) -> DatasetSpec:
-    """Add ``spec`` to :data:`DATASETS`."""
-    if spec.name in DATASETS and DATASETS[spec.name] != spec:
-        raise ValueError(f"two datasets are called {spec.name!r}")
-    DATASETS[spec.name] = spec
-    return spec
+register_dataset = DATASETS.register
+"""Add a :class:`DatasetSpec` to :data:`DATASETS` under its ``name``."""
 
 
 def dataset_names() -> tuple[str, ...]:

@@ -2,18 +2,19 @@
 
 Implements the rules of Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD"
 (ICML 2018) and common baselines; each module of this package holds one rule, cites
-its source and registers it (``@register_rule``), so adding a rule is adding a file.
-Usage::
+its source, declares the run settings of its options (``Settings``) and registers it
+(``@register_rule``), so adding a rule, with its options, is adding a file. A run's
+pre-aggregation chain, rule and rule state are built together by
+``common.rules.defence.Defence``. Usage::
 
     rule = make_rule("meamed", n=20, q=8)
     out = rule(G)  # G: (n, d) float32 torch.Tensor -> (d,) float32
 """
 
-import importlib
-import pkgutil
-
+from common.registry import import_modules
 from common.rules.base import (
     RULES,
+    OptionSettings,
     Rule,
     RuleError,
     make_rule,
@@ -22,10 +23,7 @@ from common.rules.base import (
     rule_names,
 )
 
-_NOT_RULES = {"base", "kernels"}
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in _NOT_RULES:
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, skip={"base", "defence", "kernels"})
 
-__all__ = ["RULES", "Rule", "RuleError", "make_rule", "register_rule", "rule_class",
-           "rule_names"]
+__all__ = ["RULES", "OptionSettings", "Rule", "RuleError", "make_rule", "register_rule",
+           "rule_class", "rule_names"]

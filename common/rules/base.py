@@ -6,9 +6,10 @@ rule maps the (n, d) float32 matrix of n workers' gradients to one (d,) gradient
 most q Byzantine values per coordinate (or q Byzantine rows, for the classic model).
 
 A rule's preconditions are a class method (:meth:`Rule.check`), so a configuration is
-validated without building a rule; the compiled kernels (numba) and torch are imported
-only when a rule first aggregates (:func:`load_kernels`), so processes that only
-validate settings (the launcher, the proxy) stay light.
+validated without building a rule; the options a run sets are declared by the rule as
+settings (:class:`OptionSettings`), like an attack's parameters.  The compiled kernels
+(numba) and torch are imported only when a rule first aggregates (:func:`load_kernels`),
+so processes that only validate settings (the launcher, the proxy) stay light.
 
 Sharding: each server aggregates its own shard, the (n, d_s) rows of its coordinates.
 Coordinate-wise rules (MarMed, MeaMed, trimmed mean) give exactly what they would give
@@ -35,8 +36,12 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from common.registry import Registry
+from common.settings import ROLES, Declared, declared
 
 if TYPE_CHECKING:
     import numpy as np
@@ -138,26 +143,60 @@ def load_kernels() -> ModuleType:
     return kernels
 
 
-class Rule:
-    """Base of all rules: preconditions in ``check``, the math in ``aggregate``.
+@dataclass(frozen=True)
+class OptionSettings:
+    """Base of the ``Settings`` of a rule or a pre-aggregator: a frozen dataclass whose
+    fields are settings (``common.settings.setting``), each named after the option it
+    gives and with its own flag (centered clipping's ``tau`` is ``--cc-tau``).
 
-    Subclasses set ``name``, a one-line ``summary`` (shown in the README), their
-    precondition on (n, q) with its text ``needs``, ``options`` (the keyword options
-    they accept; ``check`` validates them), and implement ``aggregate``, which may
-    return a numpy array or a tensor.
+    They are run settings: ``RunConfig`` holds each under its flag's name (``cc_tau``),
+    every role takes it and it enters the run hash (``common.rules.defence``).
     """
+
+    @classmethod
+    def setting_roles(cls) -> frozenset[str]:
+        return frozenset(ROLES)
+
+
+def option_settings(cls: type[Step]) -> tuple[Declared, ...]:
+    """The declared settings of a rule's or a pre-aggregator's options (none: ``()``)."""
+    return () if cls.Settings is None else declared(cls.Settings)
+
+
+def option_defaults(cls: type[Step]) -> dict[str, Any]:
+    """The defaults of the options ``cls`` declares as settings, by option name."""
+    return {d.name: d.default for d in option_settings(cls)}
+
+
+def check_declaration(cls: type[Step]) -> None:
+    """``TypeError`` unless every setting ``cls`` declares is one of its ``options``."""
+    extra = [d.name for d in option_settings(cls) if d.name not in cls.options]
+    if extra:
+        raise TypeError(f"{cls.name} declares settings {extra} that are not among its "
+                        f"options {cls.options}")
+
+
+class Step:
+    """What a rule and a pre-aggregator share: a ``name``, a one-line ``summary`` (shown in
+    the README), a precondition on (n, q) with its text ``needs``, ``options`` (the
+    keyword options accepted; ``check`` validates them) and the ``Settings`` of those a
+    run sets (their defaults are the options' defaults)."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     needs: ClassVar[str] = ""
     precondition: ClassVar[Callable[[int, int], bool] | None] = None
     options: ClassVar[tuple[str, ...]] = ()
+    Settings: ClassVar[type[OptionSettings] | None] = None
+    n: int
+    q: int
 
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
-        """Validate n, q and the options; return the options with defaults filled in.
+        """Validate n, q and the option names; return the options with the defaults of
+        those declared as settings filled in (a subclass checks their values).
 
-        Raises ``RuleError`` naming the rule, n and q.
+        Raises ``RuleError`` naming the rule (or pre-aggregator), n and q.
         """
         n, q = as_int(n, "n"), as_int(q, "q")
         if n < 1:
@@ -171,7 +210,22 @@ class Rule:
             valid = ", ".join(cls.options) or "none"
             raise RuleError(
                 f"unknown option(s) for {cls.name}: {', '.join(unknown)}; valid: {valid}")
-        return options
+        return {**option_defaults(cls), **options}
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
+        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
+
+
+class Rule(Step):
+    """Base of all rules: preconditions in ``check``, the math in ``aggregate``.
+
+    Subclasses set what every ``Step`` declares, ``stateful`` if they carry state from
+    round to round (``get_state``/``set_state``), and implement ``aggregate``, which
+    may return a numpy array or a tensor.
+    """
+
+    stateful: ClassVar[bool] = False
 
     @classmethod
     def default_q(cls, n: int) -> int:
@@ -216,21 +270,12 @@ class Rule:
         if state:
             raise RuleError(f"{self.name} keeps no state, got {sorted(state)}")
 
-    def __repr__(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
-        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
 
-
-RULES: dict[str, type[Rule]] = {}
+RULES: Registry[type[Rule]] = Registry("rule", RuleError, check=check_declaration)
 """Every rule by name; a module of this package adds its rule with :func:`register_rule`."""
 
-
-def register_rule(cls: type[Rule]) -> type[Rule]:
-    """Class decorator: add ``cls`` to :data:`RULES` under ``cls.name``."""
-    if cls.name in RULES and RULES[cls.name] is not cls:
-        raise ValueError(f"two rules are called {cls.name!r}")
-    RULES[cls.name] = cls
-    return cls
+register_rule = RULES.register
+"""Class decorator: add a rule class to :data:`RULES` under its ``name``."""
 
 
 def rule_names() -> list[str]:
@@ -240,10 +285,7 @@ def rule_names() -> list[str]:
 
 def rule_class(name: str) -> type[Rule]:
     """The rule called ``name``; ``RuleError`` listing the valid names."""
-    factory = RULES.get(name) if isinstance(name, str) else None
-    if factory is None:
-        raise RuleError(f"unknown rule {name!r}; valid rules: {', '.join(rule_names())}")
-    return factory
+    return RULES[name]
 
 
 def make_rule(name: str, n: int, q: int, **options: Any) -> Rule:

@@ -27,11 +27,13 @@ rows}``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.rules.base import (
+    OptionSettings,
     Rule,
     RuleError,
     as_positive_float,
@@ -39,6 +41,7 @@ from common.rules.base import (
     load_kernels,
     register_rule,
 )
+from common.settings import setting
 
 if TYPE_CHECKING:
     import torch
@@ -56,13 +59,18 @@ class CenteredClipping(Rule):
     tau: float
     iters: int
 
+    @dataclass(frozen=True)
+    class Settings(OptionSettings):
+        tau: float = setting(100.0, "Centered clipping: clipping radius tau (the authors' "
+                             "100).", flag="--cc-tau", minimum=0.0)
+        iters: int = setting(1, "Centered clipping: clipping iterations L per round (the "
+                             "authors' 1).", flag="--cc-iters", minimum=1)
+
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
         options = super().check(n, q, **options)
-        return {"tau": as_positive_float(options.get("tau", 100.0),
-                                         "centered-clipping option tau"),
-                "iters": as_positive_int(options.get("iters", 1),
-                                         "centered-clipping option iters")}
+        return {"tau": as_positive_float(options["tau"], "centered-clipping option tau"),
+                "iters": as_positive_int(options["iters"], "centered-clipping option iters")}
 
     def __init__(self, n: int, q: int, **options: Any) -> None:
         super().__init__(n, q, **options)

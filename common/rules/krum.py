@@ -19,12 +19,21 @@ row is finite, both output the coordinate-wise median (MarMed) of all rows and s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import Rule, RuleError, as_int, load_kernels, register_rule
+from common.rules.base import (
+    OptionSettings,
+    Rule,
+    RuleError,
+    as_int,
+    load_kernels,
+    register_rule,
+)
 from common.rules.marmed import coordinate_median
+from common.settings import setting
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +101,11 @@ class MultiKrum(KrumScored):
     summary = "average of the m best by Krum score (`--multikrum-m`, default n-q)"
     options = ("m",)
     m: int
+
+    @dataclass(frozen=True)
+    class Settings(OptionSettings):
+        m: int | None = setting(None, "Multi-Krum: number of vectors averaged (default n-q).",
+                                flag="--multikrum-m", minimum=1)
 
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def prepare(cfg: RunConfig, data_dir: Path | None, torch_threads: int) -> Prepar
         import_module(module)
     done.imports_s = time.perf_counter() - started
     started = time.perf_counter()
-    _warm_rule(cfg)
+    _warm_defence(cfg)
     done.kernels_s = time.perf_counter() - started
     started = time.perf_counter()
     from common.data import preload_dataset
@@ -80,17 +80,18 @@ def prepare(cfg: RunConfig, data_dir: Path | None, torch_threads: int) -> Prepar
     return done
 
 
-def _warm_rule(cfg: RunConfig) -> None:
-    """Aggregate a small matrix with the configured rule: its kernels are then compiled
-    (or loaded from numba's cache) in the children already."""
+def _warm_defence(cfg: RunConfig) -> None:
+    """Aggregate a small matrix with the run's defence (pre-aggregation chain and rule):
+    their kernels are then compiled (or loaded from numba's cache) in the children
+    already."""
     import numpy as np
     import torch
 
-    from common.rules import make_rule
+    from common.rules.defence import Defence
+    from common.rules.pre import RoundContext
 
-    rule = make_rule(cfg.rule, cfg.num_workers, cfg.q, **cfg.rule_options())
     rows = np.random.default_rng(0).standard_normal((cfg.num_workers, 64), dtype=np.float32)
-    rule(torch.from_numpy(rows))
+    Defence(cfg)(torch.from_numpy(rows), RoundContext(cfg.seed))
 
 
 def role_command(module: str) -> Callable[..., None]:

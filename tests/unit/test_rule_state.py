@@ -112,7 +112,7 @@ def test_a_partial_round_carries_the_state_through_its_own_rule() -> None:
     state = ShardState(cfg, 0, np.zeros(6, dtype=np.float32))
     run_rounds(state, 1)
     run_rounds(state, 2, workers=[0, 1, 3, 4])  # closed at its deadline without worker 2
-    assert state.rule_for(4) is not state.rule
+    assert state.defence.for_rows(4)[1] is not state.defence.rule
     # the same two rounds by hand: one rule, its center carried
     rule = make_rule("centered-clipping", 5, 1)
     rule(torch.from_numpy(np.stack([gradient(0, i, 6) for i in range(5)])))
@@ -126,7 +126,7 @@ def test_the_pre_chain_runs_before_the_rule_with_the_bucketed_rows() -> None:
     cfg = RunConfig(dataset="synthetic", num_workers=6, num_shards=1, rule="mean",
                     pre="bucketing", bucket_size=2, q=1, rounds=3, seed=2).validate()
     state = ShardState(cfg, 0, np.zeros(3, dtype=np.float32))
-    assert state.pre.rows_out == 3 and state.rule.n == 3
+    assert state.defence.chain.rows_out == 3 and state.defence.rule.n == 3
     for i in range(6):
         state.push(0, i, gradient(0, i, 3))
     info = state.step().rule_info["pre"]
@@ -135,4 +135,5 @@ def test_the_pre_chain_runs_before_the_rule_with_the_bucketed_rows() -> None:
     for i in (0, 1, 2, 4, 5):
         state.push(1, i, gradient(1, i, 3))
     assert state.step().workers == [0, 1, 2, 4, 5]
-    assert state.pre_for(5).rows_out == 3 and state.rule_for(5).n == 3
+    chain, rule = state.defence.for_rows(5)
+    assert chain.rows_out == 3 and rule.n == 3

@@ -15,6 +15,7 @@ import torch
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.rules import RuleError
+from common.rules.defence import rule_options
 from common.rules.pre import (
     PRE_AGGREGATORS,
     Chain,
@@ -257,8 +258,8 @@ def test_run_configuration_normalises_the_chain_and_defaults_q_for_bucketed_rows
     bucketed = RunConfig(pre="bucketing", rule="krum").validate()
     assert bucketed.q == 3  # Krum's default for ceil(20/2) = 10 rows
     assert RunConfig(pre="bucketing", rule="krum", bucket_size=4).validate().q == 1
-    assert RunConfig(rule="centered-clipping", cc_tau=2.5, cc_iters=3).validate().rule_options() \
-        == {"tau": 2.5, "iters": 3}
+    assert rule_options(RunConfig(rule="centered-clipping", cc_tau=2.5, cc_iters=3)
+                        .validate()) == {"tau": 2.5, "iters": 3}
 
 
 def test_quorum_is_checked_through_the_chain() -> None:

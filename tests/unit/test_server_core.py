@@ -35,6 +35,8 @@ from common.protocol import (
     decode,
     encode,
 )
+from common.rules.defence import Defence
+from common.rules.pre import RoundContext
 from common.transport import Incoming
 from server.checkpoint import Checkpoint
 from server.core import CHECKPOINT_FAILED, REPEATED_PUSH, Reply, ServerCore
@@ -587,19 +589,20 @@ def test_an_exception_while_handling_is_answered_internal_and_the_core_goes_on(
 # -- faults inside the core: what a failure in one step must not break ---------------
 
 
-def test_a_round_whose_aggregation_raised_once_is_aggregated_after_a_retry() -> None:
+def test_a_round_whose_aggregation_raised_once_is_aggregated_after_a_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     core = make_core()
-    rule = core.state.rule
+    aggregate = Defence.__call__
     calls: list[int] = []
 
-    def failing_once(grads: object) -> object:
+    def failing_once(defence: Defence, grads: object, context: RoundContext) -> object:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("transient")
-        return rule(grads)
+        return aggregate(defence, grads, context)
 
-    failing_once.last_info = {}  # type: ignore[attr-defined]
-    core.state.rule = failing_once  # type: ignore[assignment]
+    monkeypatch.setattr(Defence, "__call__", failing_once)
     push(core, 0)
     push(core, 1)
     assert_error(push(core, 2), ErrorCode.INTERNAL, 0, _worker_peer(2))

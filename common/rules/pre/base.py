@@ -32,11 +32,19 @@ aggregates to NaN, see ``common.rules.base``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from common.rules.base import RuleError, as_int, check_matrix, rule_class
+from common.registry import Registry
+from common.rules.base import (
+    RuleError,
+    Step,
+    check_declaration,
+    check_matrix,
+    option_defaults,
+    rule_class,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -52,38 +60,12 @@ class RoundContext:
     shard: int = 0
 
 
-class PreAggregator:
+class PreAggregator(Step):
     """Base of all pre-aggregators: preconditions in ``check``, the map in ``apply``.
 
-    Subclasses set ``name``, a one-line ``summary``, their precondition on (n, q) with its
-    text ``needs``, ``options`` (keyword options, with their ``defaults``; ``check``
-    validates them), override ``output_rows`` if they change the number of rows, and
-    implement ``apply``.
+    Subclasses set what every ``Step`` declares, override ``output_rows`` if they change
+    the number of rows, and implement ``apply``.
     """
-
-    name: ClassVar[str]
-    summary: ClassVar[str] = ""
-    needs: ClassVar[str] = ""
-    precondition: ClassVar[Callable[[int, int], bool] | None] = None
-    options: ClassVar[tuple[str, ...]] = ()
-    defaults: ClassVar[dict[str, Any]] = {}
-
-    @classmethod
-    def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
-        """Validate n, q and the options; the options with defaults filled in."""
-        n, q = as_int(n, "n"), as_int(q, "q")
-        if n < 1:
-            raise RuleError(f"{cls.name} needs n >= 1, got n={n}, q={q}")
-        if not 0 <= q < n:
-            raise RuleError(f"{cls.name} needs 0 <= q < n, got n={n}, q={q}")
-        if cls.precondition is not None and not cls.precondition(n, q):
-            raise RuleError(f"{cls.name} needs {cls.needs}, got n={n}, q={q}")
-        unknown = sorted(set(options) - set(cls.options))
-        if unknown:
-            valid = ", ".join(cls.options) or "none"
-            raise RuleError(
-                f"unknown option(s) for {cls.name}: {', '.join(unknown)}; valid: {valid}")
-        return options
 
     @classmethod
     def output_rows(cls, n: int, **options: Any) -> int:
@@ -111,21 +93,13 @@ class PreAggregator:
     def apply(self, G: torch.Tensor, context: RoundContext) -> Any:
         raise NotImplementedError
 
-    def __repr__(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in self.options)
-        return f"{type(self).__name__}(n={self.n}, q={self.q}{extra})"
 
-
-PRE_AGGREGATORS: dict[str, type[PreAggregator]] = {}
+PRE_AGGREGATORS: Registry[type[PreAggregator]] = Registry("pre-aggregator", RuleError,
+                                                          check=check_declaration)
 """Every pre-aggregator by name (a module of ``common.rules.pre`` registers its own)."""
 
-
-def register_pre(cls: type[PreAggregator]) -> type[PreAggregator]:
-    """Class decorator: add ``cls`` to :data:`PRE_AGGREGATORS` under ``cls.name``."""
-    if cls.name in PRE_AGGREGATORS and PRE_AGGREGATORS[cls.name] is not cls:
-        raise ValueError(f"two pre-aggregators are called {cls.name!r}")
-    PRE_AGGREGATORS[cls.name] = cls
-    return cls
+register_pre = PRE_AGGREGATORS.register
+"""Class decorator: add a pre-aggregator class to :data:`PRE_AGGREGATORS`."""
 
 
 def pre_names() -> list[str]:
@@ -134,10 +108,7 @@ def pre_names() -> list[str]:
 
 def pre_class(name: str) -> type[PreAggregator]:
     """The pre-aggregator called ``name``; ``RuleError`` listing the valid names."""
-    cls = PRE_AGGREGATORS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise RuleError(f"unknown pre-aggregator {name!r}; valid: {', '.join(pre_names())}")
-    return cls
+    return PRE_AGGREGATORS[name]
 
 
 def parse_chain(text: str) -> tuple[str, ...]:
@@ -155,7 +126,7 @@ def chain_rows(names: Sequence[str], n: int, options: Mapping[str, Mapping[str, 
     """Rows the chain leaves from n rows (options unchecked: defaults filled in)."""
     for name in names:
         cls = pre_class(name)
-        n = cls.output_rows(n, **{**cls.defaults, **options.get(name, {})})
+        n = cls.output_rows(n, **{**option_defaults(cls), **options.get(name, {})})
     return n
 
 

@@ -19,13 +19,15 @@ bucket holding a NaN or an infinity is non-finite, for the rule to treat as such
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import RuleError, as_int, load_kernels
+from common.rules.base import OptionSettings, RuleError, as_int, load_kernels
 from common.rules.pre.base import PreAggregator, RoundContext, register_pre
 from common.seeding import derive_rng
+from common.settings import setting
 
 if TYPE_CHECKING:
     import torch
@@ -42,13 +44,17 @@ class Bucketing(PreAggregator):
                "(`--bucket-size`, default 2): the rule sees ceil(n/s) rows, q stays q")
     needs = "1 <= s <= n"
     options = ("s",)
-    defaults: ClassVar[dict[str, Any]] = {"s": 2}
     s: int
+
+    @dataclass(frozen=True)
+    class Settings(OptionSettings):
+        s: int = setting(2, "Bucketing (--pre bucketing): rows averaged per bucket s.",
+                         flag="--bucket-size", minimum=1)
 
     @classmethod
     def check(cls, n: int, q: int, **options: Any) -> dict[str, Any]:
         options = super().check(n, q, **options)
-        s = as_int(options.get("s", cls.defaults["s"]), "bucketing option s")
+        s = as_int(options["s"], "bucketing option s")
         if not 1 <= s <= n:
             raise RuleError(f"bucketing needs 1 <= s <= n, got s={s}, n={n}")
         return {"s": s}

@@ -1,0 +1,144 @@
+"""A run's defence: its pre-aggregation chain (``--pre``), its rule (``--rule``) and the
+state a stateful rule carries between rounds, built from the run settings in one place.
+
+The server's shard (``server/shard.py``, which the reference engine drives too), the
+forging attacks that search against the servers' aggregation (``worker/byzantine.py``),
+the launcher's warm-up and the benchmarks all aggregate through :class:`Defence`.
+
+A rule or a pre-aggregator declares the options a run sets as settings (its
+``Settings``, see ``common.rules.base.OptionSettings``); :func:`with_option_settings`
+makes them fields of the run's settings (``RunConfig``), named after their flags
+(``--cc-tau``: ``cc_tau``), so adding a rule with an option is adding its file, and
+:func:`options_of` reads them back as the keyword options of the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from common.rules.base import RULES, Rule, Step, make_rule, option_settings
+from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows, check_chain
+from common.settings import METADATA_KEY, ROLES, Declared
+
+if TYPE_CHECKING:
+    import torch
+
+    from common.config import RunConfig
+
+
+def options_of(cls: type[Step], values: Any) -> dict[str, Any]:
+    """The options rule (or pre-aggregator) ``cls`` declares as settings, from the run
+    settings ``values`` (a ``RunConfig``), by option name."""
+    return {d.name: getattr(values, d.param) for d in option_settings(cls)}
+
+
+def rule_options(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword options of ``cfg``'s rule."""
+    return options_of(RULES[cfg.rule], cfg)
+
+
+def pre_options(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """Keyword options of each pre-aggregator of ``cfg``'s chain, by name."""
+    return {name: options_of(PRE_AGGREGATORS[name], cfg) for name in cfg.pre_names()}
+
+
+def rows_after_chain(cfg: RunConfig, rows: int) -> int:
+    """Rows the rule gets from ``rows`` pushed rows (options unchecked, no q needed)."""
+    return chain_rows(cfg.pre_names(), rows, pre_options(cfg))
+
+
+def check_defence(cfg: RunConfig, rows: int) -> int:
+    """Check that the chain and the rule can aggregate ``rows`` rows at ``cfg.q``; the rows
+    the rule then gets. ``RuleError`` naming the step that cannot."""
+    return check_chain(cfg.pre_names(), cfg.rule, rows, cfg.q, pre_options(cfg),
+                       rule_options(cfg))
+
+
+def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:
+    """Class decorator, under ``@dataclass``: after each field named in ``after``, add the
+    settings that the classes ``after[field]`` (rules, pre-aggregators) declare, each as
+    a field named after its flag; they are run settings (every role takes them, and they
+    enter the run hash). ``TypeError`` for a name taken twice."""
+
+    def add(cls: type) -> type:
+        own = inspect.get_annotations(cls)
+        annotations: dict[str, Any] = {}
+        for name, hint in own.items():
+            annotations[name] = hint
+            for owner in after.get(name, ()):
+                for d in option_settings(owner):
+                    if d.param in own or d.param in annotations:
+                        raise TypeError(f"{owner.name}'s setting {d.flag} is taken")
+                    annotations[d.param] = typing.get_type_hints(owner.Settings)[d.name]
+                    setattr(cls, d.param, _run_field(d))
+        cls.__annotations__ = annotations
+        return cls
+
+    return add
+
+
+def _run_field(d: Declared) -> Any:
+    """A field of the run's settings that holds option setting ``d``."""
+    spec = dataclasses.replace(d.spec, roles=frozenset(ROLES), hashed=True, flag=d.flag,
+                               env=d.env)
+    return dataclasses.field(default=d.default, metadata={METADATA_KEY: spec})
+
+
+class Defence:
+    """The pre-aggregation chain and the rule of a run, for rounds of any number of rows
+    (n, or the m < n of a round closed at its deadline: the chain built for m rows and
+    the rule for what it leaves), and the state a stateful rule carries from round to
+    round, whichever rows ran it (centered clipping: the previous aggregate)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self._built: dict[int, tuple[Chain, Rule]] = {}
+        self.chain, self.rule = self.for_rows(cfg.num_workers)
+        self.state: dict[str, np.ndarray] = {}
+        self.last_info: dict[str, Any] = {}
+
+    @property
+    def stateful(self) -> bool:
+        return self.rule.stateful
+
+    def for_rows(self, rows: int) -> tuple[Chain, Rule]:
+        """The chain for ``rows`` rows and the rule for what it leaves (built once);
+        ``RuleError`` if they cannot run with that many at this q."""
+        built = self._built.get(rows)
+        if built is None:
+            cfg = self.cfg
+            chain = Chain(cfg.pre_names(), rows, cfg.q, pre_options(cfg))
+            rule = make_rule(cfg.rule, chain.rows_out, cfg.q, **rule_options(cfg))
+            built = self._built[rows] = (chain, rule)
+        return built
+
+    def __call__(self, G: torch.Tensor, context: RoundContext) -> torch.Tensor:
+        """Aggregate a round's contiguous (rows, d) float32 matrix (never modified): the
+        chain (seeded by ``context``), then the rule, from the state and updating it.
+        ``last_info``: the rule's, with ``"pre"``: the steps that said anything."""
+        chain, rule = self.for_rows(G.shape[0])
+        if chain:
+            G = chain(G, context)
+        if rule.stateful:
+            rule.set_state(self.state)
+        out = rule(G)
+        if rule.stateful:
+            self.state = dict(rule.get_state())
+        info = dict(rule.last_info)
+        steps = [step for step in chain.last_info if len(step) > 1] if chain else []
+        if steps:
+            info["pre"] = steps
+        self.last_info = info
+        return out
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Continue from ``state`` (a checkpoint's, copied as float32; empty: the first
+        round's); ``RuleError`` for entries the rule does not keep."""
+        self.rule.set_state(state)
+        self.state = {k: np.array(v, dtype=np.float32, copy=True) for k, v in state.items()}
