@@ -1,7 +1,7 @@
 """The reference engine: the same training as a cluster, in one process, no sockets.
 
-It drives the very components the processes use (``GradientComputer``,
-``worker.byzantine``, ``ShardCorruptor``, ``ShardState``) in the order the
+It drives the very components the processes use (each worker's ``WorkerStep``,
+``ShardCorruptor``, ``ShardState``) in the order the
 cluster's data flows, so for the same ``RunConfig`` and ``AttackConfig`` it
 ends with parameters bit-identical to a multi-process run (compare
 ``params_digest``). Given the participation a run recorded (rounds closed at their
