@@ -1,5 +1,4 @@
-"""Byzantine workers of the classic model: whole gradient vectors replaced; and the
-worker momentum every worker applies.
+"""Byzantine workers of the classic model: whole gradient vectors replaced.
 
 A Byzantine worker is omniscient and colluding, the strongest classic
 adversary: it recomputes the honest workers' gradients (their data partitions
@@ -38,34 +37,7 @@ from common.config import AttackConfig, RunConfig
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
 from common.sharding import shard_ranges
-from worker.trainer import GradientComputer
-
-
-class Momentum:
-    """One worker's momentum: ``m_t = beta * m_(t-1) + (1 - beta) * g_t`` with ``m_(-1) =
-    0`` (ByzFL's honest client: ``m.mul_(beta).add_(g, alpha=1 - beta)``), in float32 as
-    ``float32(beta) * m + float32(1 - beta) * g``; with ``beta = 0`` the gradient itself,
-    untouched (the paper's SGD)."""
-
-    def __init__(self, beta: float) -> None:
-        if not 0 <= beta < 1:
-            raise ValueError(f"momentum beta must be in [0, 1), got {beta!r}")
-        self.beta = float(beta)
-        self.m: np.ndarray | None = None  # m_(t-1); None: zero (no round yet)
-
-    def __call__(self, g: np.ndarray) -> np.ndarray:
-        """``m_t`` after gradient ``g`` (a new array; ``g`` is not modified)."""
-        if self.beta == 0:
-            return g
-        previous = np.zeros_like(g) if self.m is None else self.m
-        with np.errstate(over="ignore", invalid="ignore"):
-            self.m = np.float32(self.beta) * previous + np.float32(1.0 - self.beta) * g
-        return self.m
-
-    def copy(self) -> Momentum:
-        out = Momentum(self.beta)
-        out.m = self.m  # never modified in place
-        return out
+from worker.trainer import GradientComputer, Momentum
 
 
 def honest_workers(cfg: RunConfig, attack: AttackConfig) -> list[int]:

@@ -24,7 +24,8 @@ from common.metrics import JsonlWriter
 from common.models import build_model, load_flat_parameters
 from common.process import check_stop
 from common.protocol import ErrorCode
-from worker.client import ClusterClient, RetryPolicy, ServerRefused
+from worker.client import ClusterClient
+from worker.core import RetryPolicy, ServerRefused
 from worker.options import ClientOptions, EvalOptions
 
 log = logging.getLogger("ps.evaluator")

@@ -1,6 +1,8 @@
-"""The worker loop: pull x^t from every shard, compute a gradient, push its shards (with
-``--worker-momentum``, the momentum vector instead: see ``worker/byzantine.py``, which
-also says what happens to it when a worker restarts or catches up)."""
+"""The worker loop: pull x^t from every shard, compute the round's vector
+(``worker/step.py``: the gradient, the momentum vector with ``--worker-momentum``, or a
+Byzantine worker's forged row; ``worker/byzantine.py`` says what happens to momentum
+when a worker restarts or catches up), push its shards and get x^{t+1} back
+(``worker/client.py``; a round that closed without this worker is caught up there)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,16 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
-
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
-from common.protocol import ErrorCode
-from worker.byzantine import ByzantineState, Momentum, byzantine_gradient
-from worker.client import ClusterClient, RetryPolicy, ServerRefused
+from worker.client import ClusterClient
+from worker.core import RetryPolicy
 from worker.options import ClientOptions
+from worker.step import WorkerStep
 from worker.trainer import GradientComputer
 
 log = logging.getLogger("ps.worker")
@@ -35,10 +35,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     endpoints = options.endpoints()
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
-    byzantine = attack.is_byzantine(worker)
     # kept in memory from round to round: a restarted worker starts again from zero
-    momentum = Momentum(cfg.worker_momentum)
-    state = ByzantineState.start(cfg, attack) if byzantine else None
+    step = WorkerStep(cfg, attack, computer, worker)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     client = ClusterClient(endpoints, cfg, "worker", worker, policy, keys,
                            replay_rounds=options.replay_rounds)
@@ -53,35 +51,25 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
         log.info(
             "worker %d of %d%s: %d shards, d=%d, starting at round %d",
             worker, cfg.num_workers,
-            f" (byzantine: {attack.worker_attack})" if byzantine else "",
+            f" (byzantine: {attack.worker_attack})" if step.byzantine else "",
             len(endpoints), client.d, start,
         )
-        t, x = catch_up(client, start)
+        at = client.catch_up(start)
         freeze_startup_objects()
-        while t < cfg.rounds:
+        while at.round < cfg.rounds:
             check_stop()
+            t = at.round
             began = time.perf_counter()
-            if byzantine:
-                g = byzantine_gradient(cfg, attack, computer, x, t, worker, state=state)
-                loss = float("nan")
-            else:
-                g, loss = computer.gradient(x, t, worker)
-                g = momentum(g)
+            g, loss = step(at.params, t)  # type: ignore[arg-type]
             computed = time.perf_counter()
-            # one exchange per shard: the reply to the push is x^{t+1}; a server that
-            # restarted and lost the push gets it again before a fallback PULL is resent
-            try:
-                x = client.push(t, g, pull_next=t + 1 < cfg.rounds,
-                                before_resend=lambda s, t=t, g=g: client.repush(s, t, g))
-            except ServerRefused as exc:
-                if exc.code != ErrorCode.STALE_ROUND.value:
-                    raise
-                if exc.round >= cfg.rounds:
+            # one exchange per shard: the reply to the push is x^{t+1}
+            at = client.push(t, g)
+            if at.missed:
+                if at.round >= cfg.rounds:
                     log.warning("the last round closed without this worker; the run is over")
-                    break
-                log.warning("round %d closed without this worker (a server is at round %d); "
-                            "catching up", t, exc.round)
-                t, x = catch_up(client, exc.round)
+                else:
+                    log.warning("round %d closed without this worker (a server is at round "
+                                "%d); caught up", t, at.round)
                 continue
             done = time.perf_counter()
             metrics.write({
@@ -91,21 +79,7 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             })
             if t % 100 == 0:
                 log.info("round %d loss %.4f", t, loss)
-            t += 1
         log.info("done after %d rounds", cfg.rounds)
     finally:
         client.close()
         metrics.close()
-
-
-def catch_up(client: ClusterClient, round_: int) -> tuple[int, np.ndarray]:
-    """(t, x^t) for the first round t >= ``round_`` that every shard still serves: a
-    worker that starts late, or whose push came after its round closed, goes on there."""
-    while True:
-        check_stop()
-        try:
-            return round_, client.pull(round_)
-        except ServerRefused as exc:
-            if exc.code != ErrorCode.STALE_ROUND.value or exc.round <= round_:
-                raise
-            round_ = exc.round

@@ -6,6 +6,9 @@ from (seed, worker, round), and dropout (CNN) draws from a stream derived from
 the same coordinates: the same gradient in a worker process and in the
 in-process reference engine. A label-flipping Byzantine worker computes the same
 gradient of its own minibatch with the labels mapped (``relabel``).
+
+With worker momentum (``--worker-momentum``) a worker pushes its momentum vector
+(:class:`Momentum`) instead of the gradient.
 """
 
 from __future__ import annotations
@@ -67,3 +70,29 @@ class GradientComputer:
         loss.backward()
         return self.flat_grads.clone().numpy(), float(loss.detach())
 
+
+class Momentum:
+    """One worker's momentum: ``m_t = beta * m_(t-1) + (1 - beta) * g_t`` with ``m_(-1) =
+    0`` (ByzFL's honest client: ``m.mul_(beta).add_(g, alpha=1 - beta)``), in float32 as
+    ``float32(beta) * m + float32(1 - beta) * g``; with ``beta = 0`` the gradient itself,
+    untouched (the paper's SGD)."""
+
+    def __init__(self, beta: float) -> None:
+        if not 0 <= beta < 1:
+            raise ValueError(f"momentum beta must be in [0, 1), got {beta!r}")
+        self.beta = float(beta)
+        self.m: np.ndarray | None = None  # m_(t-1); None: zero (no round yet)
+
+    def __call__(self, g: np.ndarray) -> np.ndarray:
+        """``m_t`` after gradient ``g`` (a new array; ``g`` is not modified)."""
+        if self.beta == 0:
+            return g
+        previous = np.zeros_like(g) if self.m is None else self.m
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.m = np.float32(self.beta) * previous + np.float32(1.0 - self.beta) * g
+        return self.m
+
+    def copy(self) -> Momentum:
+        out = Momentum(self.beta)
+        out.m = self.m  # never modified in place
+        return out

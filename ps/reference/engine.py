@@ -1,7 +1,7 @@
 """The reference engine: the same training as a cluster, in one process, no sockets.
 
-It drives the very components the processes use (``GradientComputer``,
-``worker.byzantine``, ``ShardCorruptor``, ``ShardState``) in the order the
+It drives the very components the processes use (each worker's ``WorkerStep``,
+``ShardCorruptor``, ``ShardState``) in the order the
 cluster's data flows, so for the same ``RunConfig`` and ``AttackConfig`` it
 ends with parameters bit-identical to a multi-process run (compare
 ``params_digest``). Given the participation a run recorded (rounds closed at their
@@ -32,14 +32,8 @@ from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
 from server.shard import RoundMetrics, ShardState
-from worker.byzantine import (
-    ByzantineState,
-    Momentum,
-    byzantine_gradient,
-    forge,
-    honest_workers,
-    worker_attack,
-)
+from worker.byzantine import forge, honest_workers, worker_attack
+from worker.step import WorkerStep
 from worker.trainer import GradientComputer
 
 
@@ -76,11 +70,11 @@ class Simulation:
         }
         self.corrupted_values = 0
         self.last_metrics: list[RoundMetrics] = []  # each shard's step in the last round
-        # each honest worker's momentum; each Byzantine worker's state (its own momentum,
-        # and, once it tracks them itself, the honest workers' it recomputes)
-        self.momenta = [Momentum(cfg.worker_momentum) for _ in range(cfg.num_workers)]
-        self.byzantine_states = {i: ByzantineState.start(cfg, attack)
-                                 for i in range(cfg.num_workers) if attack.is_byzantine(i)}
+        # each worker's step, as its process runs it: an honest worker's momentum; a
+        # Byzantine worker's state (its own momentum, and, once it tracks them itself,
+        # the honest workers' it recomputes)
+        self.workers = [WorkerStep(cfg, attack, self.computer, i)
+                        for i in range(cfg.num_workers)]
         self.tracking: set[int] = set()
 
     def params(self) -> np.ndarray:
@@ -94,7 +88,6 @@ class Simulation:
         grads: list[np.ndarray] = [None] * n  # type: ignore[list-item]
         byzantine = [i for i in range(n) if self.attack.is_byzantine(i)]
         honest = honest_workers(self.cfg, self.attack)
-        raw = {i: self.computer.gradient(views[i], t, i)[0] for i in honest}
         # a Byzantine worker that pulled what the honest workers pulled, and has always
         # seen their very vectors, reuses them instead of recomputing them
         trains = bool(byzantine) and worker_attack(self.attack).trains
@@ -103,10 +96,12 @@ class Simulation:
         for i in byzantine:
             if not (shortcut[i] or trains or i in self.tracking) and self.cfg.worker_momentum:
                 # from now on it keeps the honest workers' momentum itself, from theirs
-                self.byzantine_states[i].honest = {j: self.momenta[j].copy() for j in honest}
+                # (as they were before this round's step)
+                self.workers[i].state.honest = {  # type: ignore[union-attr]
+                    j: self.workers[j].momentum.copy() for j in honest}
                 self.tracking.add(i)
         for i in honest:
-            grads[i] = self.momenta[i](raw[i])
+            grads[i] = self.workers[i](views[i], t)[0]
         forged = None  # the matrix every Byzantine worker that pulled alike forges
         for i in byzantine:
             if shortcut[i]:
@@ -115,8 +110,7 @@ class Simulation:
                                    np.stack([grads[j] for j in honest]), t)
                 grads[i] = forged[self.attack.byzantine_workers.index(i)]
             else:
-                grads[i] = byzantine_gradient(self.cfg, self.attack, self.computer, views[i],
-                                              t, i, state=self.byzantine_states[i])
+                grads[i] = self.workers[i](views[i], t)[0]
         metrics = []
         for s, (a, b) in enumerate(self.ranges):
             pushes = [g[a:b] for g in grads]

@@ -36,8 +36,9 @@ from common.sharding import shard_ranges
 from ps.reference import engine
 from ps.reference.engine import simulate
 from server.shard import ShardState
-from worker.byzantine import ByzantineState, Momentum, ServerAggregation, aim, byzantine_gradient
-from worker.trainer import GradientComputer
+from worker import step as worker_step
+from worker.byzantine import ByzantineState, ServerAggregation, aim, byzantine_gradient
+from worker.trainer import GradientComputer, Momentum
 
 F32 = np.float32
 RNG = np.random.default_rng(0)  # never read: the attacks tested here draw nothing
@@ -619,13 +620,13 @@ def test_engine_momentum_when_a_byzantine_workers_view_differs(
                                 proxy_attack="gambler", gambler_p=2e-6, gambler_scale=1.5,
                                 corrupt_params=True).validate(cfg)
     slow: list[tuple[int, int]] = []
-    original = engine.byzantine_gradient
+    original = worker_step.byzantine_gradient
 
     def counting(*args, **kwargs):
         slow.append((args[4], args[5]))  # (round, worker)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "byzantine_gradient", counting)
+    monkeypatch.setattr(worker_step, "byzantine_gradient", counting)
     natural = simulate(cfg, attack)
     # with this seed: worker 1's view differs from round 1 on, worker 3's from round 2;
     # round 0 is the shortcut for both (momenta copied at the switch are not zero)

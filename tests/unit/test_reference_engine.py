@@ -10,6 +10,7 @@ import pytest
 from common.config import AttackConfig, RunConfig
 from ps.reference import engine
 from ps.reference.engine import simulate
+from worker import step as worker_step
 
 
 @pytest.mark.parametrize("attack_name", ["omniscient", "gaussian", "alie"])
@@ -21,13 +22,13 @@ def test_reused_honest_gradients_give_the_recomputed_rows(attack_name: str,
                                 byzantine_workers=(0, 3)).validate(cfg)
     shortcut = simulate(cfg, attack)
     recomputed_rows = []
-    original = engine.byzantine_gradient
+    original = worker_step.byzantine_gradient
 
     def counting(*args, **kwargs):
         recomputed_rows.append(args[4])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "byzantine_gradient", counting)
+    monkeypatch.setattr(worker_step, "byzantine_gradient", counting)
     monkeypatch.setattr(engine.Simulation, "_pulled_alike",
                         staticmethod(lambda views, worker, others: False))
     recomputed = simulate(cfg, attack)

@@ -1,0 +1,482 @@
+"""The worker's side of the protocol without sockets (``worker/core.py``): replies in,
+frames out, a fake clock.
+
+The core is driven with replies encoded and decoded by the real protocol code; what it
+sends is decoded back. Two shards: shard 0 holds x[0:4], shard 1 x[4:10].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.errors import ClusterTimeout, ConfigError, PeerError
+from common.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Message,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Welcome,
+    decode,
+    encode,
+)
+from worker.core import (
+    HANDSHAKE_GRACE_S,
+    MAX_RESENDS,
+    ClientCore,
+    Connection,
+    NextRound,
+    RetryPolicy,
+    Send,
+    ServerRefused,
+)
+
+CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0,
+                rounds=6).validate()
+ENDPOINTS = ["tcp://s0:1", "tcp://s1:1"]
+RANGES = [(0, 4), (4, 10)]
+D = 10
+TIMEOUT = 10.0
+RETRIES = 2
+WORKER = 1
+
+# --------------------------------------------------------------------------- helpers
+
+
+def welcome(shard: int, round_: int = 0) -> Welcome:
+    start, stop = RANGES[shard]
+    return Welcome(shard=shard, num_shards=2, start=start, stop=stop, d=D, round=round_,
+                   rounds=CFG.rounds)
+
+
+def reply(header: Header, tensor: np.ndarray | None = None) -> Message:
+    """A reply as the link hands it to the core."""
+    return decode(encode(header, tensor))
+
+
+def x_of(round_: int) -> np.ndarray:
+    """The parameters the servers hold at ``round_`` (made up, distinct per round)."""
+    return np.arange(D, dtype=np.float32) + np.float32(100 * round_)
+
+
+def params(shard: int, round_: int) -> Message:
+    start, stop = RANGES[shard]
+    return reply(Params(round=round_, shard=shard, length=stop - start),
+                 x_of(round_)[start:stop])
+
+
+def error(code: ErrorCode, round_: int = 0) -> Message:
+    return reply(Error(code=code.value, message="no", round=round_))
+
+
+def gradient(round_: int) -> np.ndarray:
+    return np.full(D, round_ + 0.5, dtype=np.float32)
+
+
+def sent(sends: list[Send]) -> list[tuple[int, bool, Header]]:
+    """(shard, on a new connection, header) of each message the core sends."""
+    return [(s.shard, s.reopen, decode(s.frames).header) for s in sends]
+
+
+def pushed(send: Send) -> tuple[Push, np.ndarray]:
+    msg = decode(send.frames)
+    return msg.header, np.array(msg.tensor())  # type: ignore[return-value]
+
+
+def make_core(replay_rounds: int = 4) -> ClientCore:
+    """A worker's core after its HELLO exchange (the shard ranges known)."""
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS, RetryPolicy(TIMEOUT, RETRIES),
+                      replay_rounds)
+    core.hello(0.0)
+    for s in (0, 1):
+        core.handle(s, reply(welcome(s)), 0.0)
+    assert not core.pending
+    return core
+
+
+HELLO = Hello(role="worker", worker=WORKER, config_hash=CFG.config_hash,
+              config=CFG.to_dict())
+
+
+def hello_again(shard: int) -> tuple[int, bool, Header]:
+    """A HELLO on a new connection."""
+    return (shard, True, HELLO)
+
+
+# --------------------------------------------------------------------------- exchanges
+
+
+def test_hello_learns_the_shard_ranges_and_d() -> None:
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS)
+    assert sent(core.hello(0.0)) == [(0, False, HELLO), (1, False, HELLO)]
+    core.handle(1, reply(welcome(1)), 0.0)
+    assert core.pending == {0}
+    core.handle(0, reply(welcome(0, round_=2)), 0.0)
+    assert not core.pending
+    assert [w.round for w in core.outcome] == [2, 0]  # type: ignore[attr-defined]
+    assert core.ranges == RANGES and core.d == D
+
+
+def test_endpoints_in_the_wrong_order_are_a_configuration_error() -> None:
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS)
+    core.hello(0.0)
+    core.handle(0, reply(welcome(1)), 0.0)
+    with pytest.raises(ConfigError, match="check the endpoint order"):
+        core.handle(1, reply(welcome(0)), 0.0)
+
+
+def test_a_wrong_number_of_endpoints_is_refused() -> None:
+    with pytest.raises(ConfigError, match="1 server endpoints given for S=2"):
+        ClientCore(CFG, "worker", WORKER, ENDPOINTS[:1])
+
+
+def test_pull_assembles_x_from_the_shards() -> None:
+    core = make_core()
+    assert sent(core.pull(3, 1.0)) == [(0, False, Pull(round=3, worker=WORKER)),
+                                       (1, False, Pull(round=3, worker=WORKER))]
+    core.handle(0, params(0, 3), 1.0)
+    core.handle(1, params(1, 3), 1.0)
+    np.testing.assert_array_equal(core.outcome, x_of(3))  # type: ignore[arg-type]
+
+
+def test_params_of_another_round_are_a_peer_error() -> None:
+    core = make_core()
+    core.pull(3, 1.0)
+    with pytest.raises(PeerError, match="shard 1 sent round 4 with 6 values, expected round 3"):
+        core.handle(1, params(1, 4), 1.0)
+
+
+def test_push_sends_each_shard_its_slice_and_returns_the_next_round() -> None:
+    core = make_core()
+    sends = core.push(2, gradient(2), 1.0)
+    for s, send in enumerate(sends):
+        header, values = pushed(send)
+        assert header == Push(round=2, worker=WORKER, length=RANGES[s][1] - RANGES[s][0],
+                              pull_next=True)
+        np.testing.assert_array_equal(values, gradient(2)[slice(*RANGES[s])])
+    core.handle(0, params(0, 3), 1.5)
+    core.handle(1, params(1, 3), 1.5)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound) and (outcome.round, outcome.missed) == (3, False)
+    np.testing.assert_array_equal(outcome.params, x_of(3))
+
+
+def test_the_last_round_is_acked_and_ends_the_run() -> None:
+    core = make_core()
+    last = CFG.rounds - 1
+    sends = core.push(last, gradient(last), 1.0)
+    assert not pushed(sends[0])[0].pull_next
+    for s in (0, 1):
+        core.handle(s, reply(Ack(round=last, worker=WORKER)), 1.0)
+    assert core.outcome == NextRound(CFG.rounds, None)
+
+
+def test_a_reply_of_the_wrong_kind_is_a_peer_error() -> None:
+    core = make_core()
+    core.pull(1, 1.0)
+    with pytest.raises(PeerError, match="expected Params, got Ack"):
+        core.handle(0, reply(Ack(round=1, worker=WORKER)), 1.0)
+
+
+def test_a_malformed_reply_is_a_peer_error_naming_the_endpoint() -> None:
+    core = make_core()
+    core.pull(1, 1.0)
+    with pytest.raises(PeerError, match="tcp://s1:1 sent a malformed reply: bad"):
+        core.handle(1, ProtocolError("bad"), 1.0)
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+def test_a_request_is_resent_on_a_new_connection_after_its_timeout() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(0, params(0, 1), 1.0)
+    assert core.tick(TIMEOUT - 0.1) == []
+    assert sent(core.tick(TIMEOUT)) == [hello_again(1), (1, False, Pull(round=1, worker=WORKER))]
+    assert core.tick(TIMEOUT + 1) == []  # the next attempt has its own timeout
+    # the WELCOME to the new connection's HELLO is skipped; PARAMS answer the PULL
+    assert core.handle(1, reply(welcome(1)), TIMEOUT + 2) == []
+    assert core.pending == {1}
+    core.handle(1, params(1, 1), TIMEOUT + 2)
+    np.testing.assert_array_equal(core.outcome, x_of(1))  # type: ignore[arg-type]
+
+
+def test_after_its_retries_a_request_gives_up_naming_the_silent_server() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(1, params(1, 1), 1.0)
+    now = 0.0
+    for _ in range(RETRIES):
+        now += TIMEOUT
+        assert sent(core.tick(now))[0] == hello_again(0)
+    with pytest.raises(ClusterTimeout, match=r"no reply from tcp://s0:1 after 3 attempts of 10 s"):
+        core.tick(now + TIMEOUT)
+
+
+def test_a_resent_push_refused_as_a_repeat_counted_and_pulls_the_next_round() -> None:
+    """The server counted the first push; its reply was lost: PULL the next round. When
+    that PULL is resent, the push goes first, once: the server may have lost it."""
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    core.handle(1, params(1, 3), 1.0)
+    core.tick(TIMEOUT)  # shard 0 resent
+    assert sent(core.handle(0, error(ErrorCode.DUPLICATE, 2), TIMEOUT + 1)) == [
+        (0, False, Pull(round=3, worker=WORKER))]
+    resend = core.tick(2 * TIMEOUT + 1)
+    assert sent(resend)[0] == hello_again(0)
+    header, values = pushed(resend[1])
+    assert header == Push(round=2, worker=WORKER, length=4)
+    np.testing.assert_array_equal(values, gradient(2)[:4])
+    assert len(resend) == 2  # the PULL waits for the re-push's answer
+    # any answer to the re-push will do, then the PULL
+    assert sent(core.handle(0, error(ErrorCode.STALE_ROUND, 3), 2 * TIMEOUT + 2)) == [
+        (0, False, Pull(round=3, worker=WORKER))]
+    core.handle(0, params(0, 3), 2 * TIMEOUT + 3)
+    assert core.outcome.round == 3  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(core.outcome.params, x_of(3))  # type: ignore[attr-defined]
+
+
+def test_a_re_push_nobody_answers_is_left_behind_on_a_new_connection() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    core.handle(1, params(1, 3), 0.0)
+    core.tick(TIMEOUT)
+    core.handle(0, error(ErrorCode.DUPLICATE, 2), TIMEOUT)
+    core.tick(2 * TIMEOUT)  # the PULL resent: the re-push first
+    assert sent(core.tick(3 * TIMEOUT)) == [hello_again(0),
+                                            (0, False, Pull(round=3, worker=WORKER))]
+
+
+def test_a_repeat_refusal_of_a_push_sent_once_is_a_refusal() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    with pytest.raises(ServerRefused, match="duplicate") as raised:
+        core.handle(0, error(ErrorCode.DUPLICATE, 2), 1.0)
+    assert raised.value.code == ErrorCode.DUPLICATE.value
+
+
+# --------------------------------------------------------------------------- dropped connections
+
+
+def test_a_request_whose_connection_dropped_is_resent_at_once_and_only_once() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    core.connection(0, [Connection.SUCCEEDED, Connection.DISCONNECTED], 1.0)
+    resend = core.tick(1.0)
+    assert sent(resend)[0] == hello_again(0)
+    assert pushed(resend[1])[0].round == 2
+    # it drops again within the same attempt: left to the timeout, not a storm
+    core.connection(0, [Connection.SUCCEEDED, Connection.DISCONNECTED], 2.0)
+    assert core.tick(2.0) == []
+    assert sent(core.tick(1.0 + TIMEOUT))[0] == hello_again(0)
+
+
+def test_a_push_resent_after_a_drop_and_refused_as_a_repeat_counted() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    core.connection(0, [Connection.SUCCEEDED, Connection.DISCONNECTED], 1.0)
+    core.tick(1.0)
+    assert sent(core.handle(0, error(ErrorCode.DUPLICATE, 2), 2.0)) == [
+        (0, False, Pull(round=3, worker=WORKER))]
+
+
+def test_a_connection_lost_before_the_request_is_not_a_reason_to_resend() -> None:
+    core = make_core()
+    core.connection(0, [Connection.SUCCEEDED, Connection.DISCONNECTED], 0.0)
+    core.pull(1, 1.0)
+    assert core.tick(2.0) == []
+
+
+def test_a_connection_that_never_got_through_did_not_drop_a_request() -> None:
+    core = make_core()
+    core.pull(1, 1.0)
+    core.connection(0, [Connection.DISCONNECTED], 2.0)
+    assert core.tick(2.0) == []
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_hello_first_says_hello_again_and_repeats_the_request() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(1, params(1, 1), 0.0)
+    for i in range(MAX_RESENDS):
+        now = 5.0 * (i + 1)
+        assert sent(core.handle(0, error(ErrorCode.HELLO_FIRST), now)) == [
+            (0, False, HELLO), (0, False, Pull(round=1, worker=WORKER))]
+        assert core.next_deadline() == now + TIMEOUT  # the request's timeout starts again
+    with pytest.raises(ServerRefused, match="hello-first"):
+        core.handle(0, error(ErrorCode.HELLO_FIRST), 20.0)
+
+
+def test_the_welcomes_to_hellos_said_again_are_skipped() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(0, error(ErrorCode.HELLO_FIRST), 1.0)
+    assert core.handle(0, reply(welcome(0)), 1.0) == []
+    with pytest.raises(PeerError, match="expected Params, got Welcome"):
+        core.handle(0, reply(welcome(0)), 1.0)  # not one more
+
+
+def test_a_server_behind_the_worker_gets_the_rounds_it_lacks_replayed() -> None:
+    core = make_core()
+    for t in range(4):
+        core.sent.record(t, gradient(t))
+    core.push(4, gradient(4), 0.0)
+    core.handle(1, params(1, 5), 0.0)
+    replay = core.handle(0, error(ErrorCode.WRONG_ROUND, 2), 1.0)  # resumed at round 2
+    for t in (2, 3):
+        header, values = pushed(replay[0])
+        assert header == Push(round=t, worker=WORKER, length=4, pull_next=True)
+        np.testing.assert_array_equal(values, gradient(t)[:4])
+        replay = core.handle(0, params(0, t + 1), 1.0 + t)
+    header, values = pushed(replay[0])  # then the push of the current round again
+    assert header == Push(round=4, worker=WORKER, length=4, pull_next=True)
+    np.testing.assert_array_equal(values, gradient(4)[:4])
+    core.handle(0, params(0, 5), 5.0)
+    np.testing.assert_array_equal(core.outcome.params, x_of(5))  # type: ignore[attr-defined]
+
+
+def test_a_replayed_round_times_out_on_its_own() -> None:
+    core = make_core()
+    core.sent.record(1, gradient(1))
+    core.push(2, gradient(2), 0.0)
+    core.handle(0, error(ErrorCode.WRONG_ROUND, 1), 1.0)
+    resend = core.tick(1.0 + TIMEOUT)
+    assert sent(resend)[0] == hello_again(0)
+    assert pushed(resend[1])[0].round == 1
+
+
+def test_a_server_behind_the_kept_rounds_is_a_peer_error() -> None:
+    core = make_core(replay_rounds=2)
+    for t in range(5):
+        core.sent.record(t, gradient(t))
+    core.push(5, gradient(5), 0.0)
+    with pytest.raises(PeerError, match="keeps only its last 2 rounds"):
+        core.handle(0, error(ErrorCode.WRONG_ROUND, 2), 1.0)
+
+
+def test_wrong_round_ahead_of_the_worker_is_a_refusal() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    with pytest.raises(ServerRefused, match="wrong-round"):
+        core.handle(0, error(ErrorCode.WRONG_ROUND, 3), 1.0)
+
+
+def test_a_configuration_mismatch_is_a_configuration_error() -> None:
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS)
+    core.hello(0.0)
+    with pytest.raises(ConfigError, match="tcp://s0:1 refused: no"):
+        core.handle(0, error(ErrorCode.CONFIG_MISMATCH), 0.0)
+
+
+# --------------------------------------------------------------------------- catching up
+
+
+def test_a_push_after_its_round_closed_catches_up() -> None:
+    """Shard 0 closed round 2 without this worker and is at round 4: every shard is
+    pulled at round 4; shard 1, still waiting, gets a new connection first."""
+    core = make_core()
+    core.push(2, gradient(2), 0.0)
+    sends = core.handle(0, error(ErrorCode.STALE_ROUND, 4), 1.0)
+    assert sent(sends) == [hello_again(1), (0, False, Pull(round=4, worker=WORKER)),
+                           (1, False, Pull(round=4, worker=WORKER))]
+    core.handle(0, params(0, 4), 2.0)
+    core.handle(1, params(1, 4), 2.0)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound) and (outcome.round, outcome.missed) == (4, True)
+    np.testing.assert_array_equal(outcome.params, x_of(4))
+
+
+def test_catching_up_moves_on_past_rounds_no_longer_served() -> None:
+    core = make_core()
+    core.catch_up(1, 0.0)
+    core.handle(1, params(1, 1), 0.0)
+    sends = core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+    assert [h for _, _, h in sent(sends)] == [Pull(round=3, worker=WORKER)] * 2
+    core.handle(0, params(0, 3), 2.0)
+    core.handle(1, params(1, 3), 2.0)
+    assert core.outcome.round == 3 and not core.outcome.missed  # type: ignore[attr-defined]
+
+
+def test_catching_up_refused_at_an_older_round_is_a_refusal() -> None:
+    core = make_core()
+    core.catch_up(3, 0.0)
+    with pytest.raises(ServerRefused, match="stale-round"):
+        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+
+
+def test_a_reader_refused_stale_round_is_told() -> None:
+    """An evaluator's pull does not catch up by itself: it picks its next round."""
+    core = make_core()
+    core.pull(1, 0.0)
+    with pytest.raises(ServerRefused) as raised:
+        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+    assert (raised.value.code, raised.value.round) == (ErrorCode.STALE_ROUND.value, 3)
+
+
+def test_the_last_round_closed_without_the_worker_finishes_it() -> None:
+    core = make_core()
+    last = CFG.rounds - 1
+    core.push(last, gradient(last), 0.0)
+    sends = core.handle(1, error(ErrorCode.STALE_ROUND, CFG.rounds), 1.0)
+    assert sent(sends) == [hello_again(0)]  # shard 0's reply is not waited for
+    assert not core.pending
+    assert core.outcome == NextRound(CFG.rounds, None, missed=True)
+
+
+def test_abandoning_an_exchange_reconnects_the_shards_still_waiting() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(0, params(0, 1), 0.0)
+    assert sent(core.abandon()) == [hello_again(1)]
+    assert not core.pending
+
+
+# --------------------------------------------------------------------------- handshakes
+
+
+def test_a_refused_handshake_ends_the_client_at_once() -> None:
+    """An impostor's key, or one the server does not admit: no retry."""
+    core = make_core()
+    core.pull(1, 0.0)
+    with pytest.raises(PeerError, match="security handshake with tcp://s1:1 failed: "):
+        core.connection(1, [Connection.REFUSED], 1.0)
+
+
+def test_connections_closed_during_the_handshake_are_ridden_out_for_the_grace() -> None:
+    """A relay whose server restarts closes connections the way an impostor does: only
+    ``HANDSHAKE_GRACE_S`` without a successful handshake ends the client."""
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS, RetryPolicy(100.0, RETRIES))
+    core.hello(0.0)
+    core.connection(0, [Connection.CLOSED], 1.0)
+    core.connection(0, [Connection.CLOSED], 1.0 + HANDSHAKE_GRACE_S - 0.1)
+    assert core.tick(1.0 + HANDSHAKE_GRACE_S - 0.1) == []
+    core.connection(0, [Connection.SUCCEEDED], 2.0 + HANDSHAKE_GRACE_S)  # the server is back
+    core.connection(0, [Connection.CLOSED], 3.0 + HANDSHAKE_GRACE_S)
+    assert core.tick(2.0 + 2 * HANDSHAKE_GRACE_S) == []
+    with pytest.raises(PeerError, match=r"closed every connection during the handshake for 15 s"):
+        core.tick(3.0 + 2 * HANDSHAKE_GRACE_S)
+
+
+def test_a_request_that_gives_up_while_handshakes_fail_names_the_handshake() -> None:
+    core = make_core()
+    core.pull(1, 0.0)
+    core.handle(1, params(1, 1), 0.0)
+    core.connection(0, [Connection.CLOSED], 1.0)
+    now = 0.0
+    for _ in range(RETRIES):
+        now += TIMEOUT
+        core.tick(now)
+        core.connection(0, [Connection.SUCCEEDED, Connection.CLOSED], now)  # grace again
+    with pytest.raises(PeerError, match="security handshake with tcp://s0:1 failed"):
+        core.tick(now + TIMEOUT)

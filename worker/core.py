@@ -1,0 +1,547 @@
+"""The behaviour of a worker's (or evaluator's) side of the protocol, without sockets.
+
+A ``ClientCore`` runs one *exchange* at a time: a request to each of the S shards and
+one answer from each. ``hello(now)``, ``pull(round_, now)``, ``push(round_, gradient,
+now)`` and ``catch_up(round_, now)`` start one and return what to send;
+``handle(shard, reply, now)`` and ``tick(now)`` return what to send next;
+``connection(shard, events, now)`` reports what a link's socket monitor saw. Once
+``pending`` is empty, ``outcome`` holds the exchange's result. The core owns every
+decision of the exchange:
+
+* a timeout per request (``RetryPolicy``): on timeout the request is resent on a new
+  connection, which says HELLO again first (the ZeroMQ guide's Lazy Pirate pattern), up
+  to ``retries`` times, then ``ClusterTimeout``;
+* a connection that drops while a request waits for its reply (reset by a relay, a
+  middlebox or the peer) has lost whatever was in flight: resent at once on a new
+  connection, once per attempt (a peer that drops every request is left to the timeout);
+* ``hello-first`` (the server evicted the session, or a proxy in between restarted):
+  HELLO again, then the request, up to ``MAX_RESENDS`` times per attempt; the WELCOMEs
+  to these HELLOs are skipped;
+* resent pushes are idempotent: a resent push refused ``duplicate`` or ``stale-round``
+  was counted the first time (a ``pull_next`` push counted so is followed by a PULL of
+  the next round, and that PULL, when resent, by the push again, once: a server that
+  restarted may have lost it);
+* ``wrong-round`` with an older round (a server resumed from a checkpoint behind the
+  worker): the pushes of the rounds it lacks are replayed from ``SentPushes`` (the
+  last ``replay_rounds``), each once its round is open there, then the push is resent.
+  Gradients are deterministic, so the run stays bit-identical to the reference engine;
+* ``stale-round`` on a worker's push (its round closed without it, at a round deadline):
+  the worker *catches up*, pulling the first round every shard still serves; past the
+  last round, the run is over for it (``NextRound``);
+* the security handshake: a key the server refuses ends the client at once
+  (``PeerError``); a connection closed during the handshake (an impostor, unable to read
+  the HELLO, does this, but so does a TCP relay whose server is restarting) ends it
+  only if no handshake succeeds for ``HANDSHAKE_GRACE_S``, or when the request gives up;
+* any other refusal raises ``ServerRefused`` (``ConfigError`` for ``config-mismatch``).
+
+``now`` is an argument, so every branch is tested with a fake clock
+(``tests/unit/test_worker_core.py``); the ZeroMQ sockets and the poll loop around it
+are ``worker/client.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.config import RunConfig
+from common.errors import ClusterTimeout, ConfigError, PeerError
+from common.protocol import (
+    Ack,
+    Buffer,
+    Error,
+    ErrorCode,
+    Header,
+    Hello,
+    Message,
+    Params,
+    ProtocolError,
+    Pull,
+    Push,
+    Welcome,
+    encode,
+)
+
+log = logging.getLogger("ps.client")
+
+# Times one request may be answered hello-first or wrong-round and resent (per attempt).
+MAX_RESENDS = 3
+# Seconds a link may see its connections closed during the handshake (no detail: an
+# impostor, or a relay whose server is not reachable yet) before it gives up.
+HANDSHAKE_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Timeout per attempt (seconds) and how many times a request is resent."""
+
+    timeout_s: float = 60.0
+    retries: int = 3
+
+
+class Connection(enum.Enum):
+    """What a link's socket monitor saw (``ClientCore.connection``)."""
+
+    SUCCEEDED = "handshake succeeded"
+    DISCONNECTED = "disconnected"
+    REFUSED = "handshake refused"  # the server refused this key, or broke the protocol
+    CLOSED = "closed during the handshake"  # no detail: an impostor, or a relay
+
+
+@dataclass(frozen=True)
+class Send:
+    """Frames to send to shard ``shard``; ``reopen``: on a new connection (the old
+    socket is closed first, whatever was queued on it is dropped)."""
+
+    shard: int
+    frames: list[Buffer]
+    reopen: bool = False
+
+
+@dataclass(frozen=True)
+class NextRound:
+    """Where a worker goes on after a push: round ``round`` from ``params`` (x^round;
+    None once ``round`` is past the last one). ``missed``: the pushed round closed
+    without this worker, which caught up."""
+
+    round: int
+    params: np.ndarray | None
+    missed: bool = False
+
+
+class ServerRefused(PeerError):
+    """A server answered ERROR: its code, message and current round."""
+
+    def __init__(self, endpoint: str, error: Error) -> None:
+        super().__init__(f"{endpoint} refused: [{error.code}] {error.message}")
+        self.code = error.code
+        self.round = error.round
+
+
+class SentPushes:
+    """The gradients this worker pushed in its last ``window`` rounds, to replay them."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._rounds: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def record(self, round_: int, gradient: np.ndarray) -> None:
+        if self.window <= 0:
+            return
+        self._rounds[round_] = np.array(gradient, copy=True)
+        while len(self._rounds) > self.window:
+            self._rounds.popitem(last=False)
+
+    def get(self, round_: int) -> np.ndarray | None:
+        return self._rounds.get(round_)
+
+
+@dataclass
+class _Step:
+    """One request to one shard, how its answer is read, and its progress."""
+
+    frames: list[Buffer]
+    read: Callable[[Message], object] | None  # the answer's value; None: any answer
+    idempotent: bool = False  # a push: refused as a repeat after a resend, it counts
+    push_round: int | None = None  # a push of this round: a server behind it is replayed
+    repush: list[Buffer] | None = None  # pushed once before a resend on a new connection
+    on_repeat: _Step | None = None  # what follows when the server had counted it already
+    attempt: int = 0
+    resends: int = 0  # hello-first / wrong-round answers this attempt
+    dropped_resent: bool = False  # resent this attempt: its connection dropped
+    deadline: float = 0.0
+
+    @property
+    def best_effort(self) -> bool:
+        """Any answer ends it; no answer within the timeout: a new connection, go on."""
+        return self.read is None
+
+    def resent(self) -> bool:
+        """Sent more than once on new connections (a repeat refusal means it counted)."""
+        return self.idempotent and (self.attempt > 0 or self.dropped_resent)
+
+
+@dataclass
+class _Link:
+    """What the core knows of one shard's connection, and its queue of requests."""
+
+    endpoint: str
+    steps: deque[_Step] = field(default_factory=deque)
+    welcomes_due: int = 0  # WELCOMEs to re-HELLOs still to come (skipped)
+    # when a connection was first closed during the handshake, with none succeeding
+    # since (kept across reconnects: a resend does not restart the grace)
+    failing_since: float | None = None
+    connected: bool = False  # a handshake succeeded on the current connection
+    dropped: bool = False  # a connection that had got through was lost since
+
+    def handshake_error(self, now: float) -> PeerError:
+        """The error that names this endpoint's failed handshake."""
+        closed = ("" if self.failing_since is None else
+                  f" (it closed every connection during the handshake for "
+                  f"{now - self.failing_since:.0f} s)")
+        return PeerError(
+            f"the security handshake with {self.endpoint} failed{closed}: the peer there "
+            f"does not hold the key of the server expected there, or does not admit "
+            f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
+
+
+# What a stale-round refusal does in an exchange: (shard, refusal, now) -> what to send.
+_OnStale = Callable[[int, Error, float], list[Send]]
+
+
+class ClientCore:
+    """The exchanges of one worker (``worker`` >= 0) or evaluator with the S shards at
+    ``endpoints`` (their names, for messages)."""
+
+    def __init__(self, cfg: RunConfig, role: str, worker: int, endpoints: list[str],
+                 policy: RetryPolicy | None = None, replay_rounds: int = 0) -> None:
+        if len(endpoints) != cfg.num_shards:
+            raise ConfigError(
+                f"{len(endpoints)} server endpoints given for S={cfg.num_shards} shards"
+            )
+        self.cfg = cfg
+        self.worker = worker
+        self.policy = policy or RetryPolicy()
+        self.links = [_Link(e) for e in endpoints]
+        self.sent = SentPushes(replay_rounds)
+        self.ranges: list[tuple[int, int]] = []
+        self.d = 0
+        self.hello_frames = encode(Hello(role=role, worker=worker,
+                                         config_hash=cfg.config_hash, config=cfg.to_dict()))
+        self.pending: set[int] = set()
+        self.results: dict[int, object] = {}
+        self.outcome: object = None
+        self._finish: Callable[[], object] = lambda: None
+        self._on_stale: _OnStale | None = None
+
+    # -- exchanges ---------------------------------------------------------------
+
+    def hello(self, now: float) -> list[Send]:
+        """Say HELLO to every shard; ``outcome``: the WELCOMEs (the shard ranges and d
+        are learnt from them)."""
+        steps = {s: _Step(self.hello_frames, _reader(Welcome)) for s in range(len(self.links))}
+        return self._begin(steps, self._welcomed, None, now)
+
+    def pull(self, round_: int, now: float) -> list[Send]:
+        """Pull x^round_ from every shard; ``outcome``: the assembled vector."""
+        x = np.empty(self.d, dtype=np.float32)
+        return self._begin(self._pulls(x, round_), lambda: x, None, now)
+
+    def catch_up(self, round_: int, now: float, missed: bool = False) -> list[Send]:
+        """``outcome``: ``NextRound`` of the first round >= ``round_`` that every shard
+        still serves (a worker that starts late, or whose push came after its round
+        closed, goes on there)."""
+        x = np.empty(self.d, dtype=np.float32)
+        target = round_
+
+        def skip_ahead(shard: int, error: Error, now: float) -> list[Send]:
+            if error.round <= target:
+                raise ServerRefused(self.links[shard].endpoint, error)
+            return self._abandon_but(shard) + self.catch_up(error.round, now, missed)
+
+        return self._begin(self._pulls(x, round_), lambda: NextRound(target, x, missed),
+                           skip_ahead, now)
+
+    def push(self, round_: int, gradient: np.ndarray, now: float) -> list[Send]:
+        """Send each shard its slice of the gradient for ``round_``; ``outcome``: the
+        worker's ``NextRound``. Before the last round each server answers with PARAMS of
+        the next round once it exists (``pull_next``); the last round is ACKed."""
+        self.sent.record(round_, gradient)
+        pull_next = round_ + 1 < self.cfg.rounds
+        x = np.empty(self.d, dtype=np.float32) if pull_next else None
+        steps = {}
+        for s, (start, stop) in enumerate(self.ranges):
+            values = gradient[start:stop]
+            header = Push(round=round_, worker=self.worker, length=stop - start,
+                          pull_next=pull_next)
+            step = _Step(encode(header, values), _reader(Ack), idempotent=True,
+                         push_round=round_)
+            if x is not None:
+                step.read = self._params_into(x, s, round_ + 1)
+                # counted already: its reply was lost; PULL the next round instead
+                step.on_repeat = self._pull_step(x, s, round_ + 1)
+                step.on_repeat.repush = encode(
+                    Push(round=round_, worker=self.worker, length=stop - start), values)
+            steps[s] = step
+
+        def caught_up(shard: int, error: Error, now: float) -> list[Send]:
+            abandoned = self._abandon_but(shard)
+            if error.round >= self.cfg.rounds:  # the last round closed without it
+                self.pending.clear()
+                self.outcome = NextRound(error.round, None, missed=True)
+                return abandoned
+            return abandoned + self.catch_up(error.round, now, missed=True)
+
+        return self._begin(steps, lambda: NextRound(round_ + 1, x), caught_up, now)
+
+    def abandon(self) -> list[Send]:
+        """Give up the exchange (it raised): each shard still waiting gets a new
+        connection, so the replies still due are not read as answers to the next one."""
+        sends = self._abandon_but(-1)
+        self.pending.clear()
+        return sends
+
+    # -- inputs ------------------------------------------------------------------
+
+    def handle(self, shard: int, reply: Message | ProtocolError, now: float) -> list[Send]:
+        """What to send after shard ``shard``'s reply (a ``ProtocolError``: malformed).
+        Raises what ends the exchange: ``ServerRefused``, ``PeerError``, ``ConfigError``."""
+        link = self.links[shard]
+        if isinstance(reply, ProtocolError):
+            raise PeerError(f"{link.endpoint} sent a malformed reply: {reply}") from reply
+        if shard not in self.pending:
+            return []
+        handler = _HANDLERS.get(type(reply.header), ClientCore._on_answer)
+        return handler(self, shard, reply, now)
+
+    def connection(self, shard: int, events: list[Connection], now: float) -> None:
+        """What shard ``shard``'s socket monitor saw. ``PeerError`` if the server refused
+        the handshake, or closed connections during it for ``HANDSHAKE_GRACE_S``."""
+        link = self.links[shard]
+        for event in events:
+            if event is Connection.SUCCEEDED:
+                link.failing_since = None
+                link.connected = True
+            elif event is Connection.DISCONNECTED:
+                link.dropped = link.dropped or link.connected
+                link.connected = False
+            elif event is Connection.REFUSED:
+                raise link.handshake_error(now)
+            elif link.failing_since is None:
+                link.failing_since = now
+                log.warning("%s closed the connection during the security handshake; "
+                            "retrying for up to %g s (a server restarting behind a relay?)",
+                            link.endpoint, HANDSHAKE_GRACE_S)
+        self._check_grace(link, now)
+
+    def tick(self, now: float) -> list[Send]:
+        """Time-driven work: a request whose connection dropped is resent (once per
+        attempt), one past its timeout resent or given up (``ClusterTimeout``)."""
+        sends: list[Send] = []
+        gave_up = []
+        for s in sorted(self.pending):
+            link = self.links[s]
+            self._check_grace(link, now)
+            step = link.steps[0]
+            if link.dropped and not step.best_effort and not step.dropped_resent:
+                log.warning("the connection to %s was lost with a request in flight; "
+                            "reconnecting and resending", link.endpoint)
+                step.dropped_resent = True
+                sends += self._reconnect(s, now)
+            elif now < step.deadline:
+                continue
+            elif step.best_effort:  # a re-push nobody answered: go on without it
+                sends.append(self._new_connection(s))
+                link.steps.popleft()
+                sends += self._send(s, now)
+            elif step.attempt < self.policy.retries:
+                step.attempt += 1
+                step.resends = 0
+                step.dropped_resent = False
+                log.warning("no reply from %s in %.1f s; reconnecting (retry %d/%d)",
+                            link.endpoint, self.policy.timeout_s, step.attempt,
+                            self.policy.retries)
+                sends += self._reconnect(s, now)
+            else:
+                gave_up.append(s)
+        for s in gave_up:  # not a silent server: one whose handshake never got through
+            if self.links[s].failing_since is not None:
+                raise self.links[s].handshake_error(now)
+        if gave_up:
+            names = ", ".join(self.links[s].endpoint for s in gave_up)
+            raise ClusterTimeout(f"no reply from {names} after {self.policy.retries + 1} "
+                                 f"attempts of {self.policy.timeout_s:g} s")
+        return sends
+
+    def next_deadline(self) -> float | None:
+        """When ``tick`` has work next, at the latest (None: no exchange)."""
+        return min((self.links[s].steps[0].deadline for s in self.pending), default=None)
+
+    # -- replies (the dispatch table ``_HANDLERS``) -------------------------------
+
+    def _on_welcome(self, shard: int, reply: Message, now: float) -> list[Send]:
+        link = self.links[shard]
+        if link.welcomes_due:  # the WELCOME to a re-HELLO
+            link.welcomes_due -= 1
+            return []
+        return self._on_answer(shard, reply, now)
+
+    def _on_error(self, shard: int, reply: Message, now: float) -> list[Send]:
+        error: Error = reply.header  # type: ignore[assignment]
+        link = self.links[shard]
+        step = link.steps[0]
+        if step.best_effort:
+            return self._on_answer(shard, reply, now)
+        code = error.code
+        behind = (step.push_round is not None and code == ErrorCode.WRONG_ROUND.value
+                  and error.round < step.push_round)
+        if (code == ErrorCode.HELLO_FIRST.value or behind) and step.resends < MAX_RESENDS:
+            step.resends += 1
+            if behind:
+                return self._replay(shard, error.round, step.push_round, now)  # type: ignore[arg-type]
+            return [self._hello_again(shard), *self._send(shard, now)]
+        if step.resent() and code in (ErrorCode.DUPLICATE.value, ErrorCode.STALE_ROUND.value):
+            return self._complete(shard, None, now)  # counted the first time
+        if code == ErrorCode.STALE_ROUND.value and self._on_stale is not None:
+            return self._on_stale(shard, error, now)
+        if code == ErrorCode.CONFIG_MISMATCH.value:
+            raise ConfigError(f"{link.endpoint} refused: {error.message}")
+        raise ServerRefused(link.endpoint, error)
+
+    def _on_answer(self, shard: int, reply: Message, now: float) -> list[Send]:
+        step = self.links[shard].steps[0]
+        if step.read is None:
+            log.info("re-pushed to %s: %s", self.links[shard].endpoint,
+                     type(reply.header).__name__)
+            return self._complete(shard, True, now)
+        return self._complete(shard, step.read(reply), now)
+
+    # -- machinery ---------------------------------------------------------------
+
+    def _begin(self, steps: dict[int, _Step], finish: Callable[[], object],
+               on_stale: _OnStale | None, now: float) -> list[Send]:
+        """Start an exchange: ``steps[s]`` to shard s; ``finish()`` makes its outcome."""
+        self.pending = set(steps)
+        self.results = {}
+        self.outcome = None
+        self._finish = finish
+        self._on_stale = on_stale
+        sends = []
+        for s, step in steps.items():
+            link = self.links[s]
+            link.dropped = False  # a connection lost before this request held none of it
+            link.steps = deque([step])
+            sends += self._send(s, now)
+        return sends
+
+    def _send(self, shard: int, now: float) -> list[Send]:
+        """Send shard ``shard``'s current request; its timeout starts now."""
+        step = self.links[shard].steps[0]
+        step.deadline = now + self.policy.timeout_s
+        return [Send(shard, step.frames)]
+
+    def _complete(self, shard: int, value: object, now: float) -> list[Send]:
+        """Shard ``shard``'s current request is answered with ``value`` (None: it had been
+        counted already): send its next one, or record the shard's result."""
+        link = self.links[shard]
+        step = link.steps.popleft()
+        if value is None and step.on_repeat is not None:
+            link.steps.appendleft(step.on_repeat)
+        if link.steps:
+            return self._send(shard, now)
+        self.results[shard] = value
+        self.pending.discard(shard)
+        if not self.pending:
+            self.outcome = self._finish()
+        return []
+
+    def _new_connection(self, shard: int) -> Send:
+        """A new connection to the shard (the old one closed) that says HELLO first."""
+        link = self.links[shard]
+        link.connected = link.dropped = False
+        link.welcomes_due = 1
+        return Send(shard, self.hello_frames, reopen=True)
+
+    def _hello_again(self, shard: int) -> Send:
+        """HELLO on the same connection before the next request (its WELCOME skipped)."""
+        self.links[shard].welcomes_due += 1
+        return Send(shard, self.hello_frames)
+
+    def _reconnect(self, shard: int, now: float) -> list[Send]:
+        """The current request again on a new connection (after a re-push, if it has one)."""
+        link = self.links[shard]
+        sends = [self._new_connection(shard)]
+        repush = link.steps[0].repush
+        if repush is not None:
+            link.steps.appendleft(_Step(repush, None))
+        return sends + self._send(shard, now)
+
+    def _abandon_but(self, shard: int) -> list[Send]:
+        """New connections for the shards still waiting, but ``shard``."""
+        return [self._new_connection(s) for s in sorted(self.pending) if s != shard]
+
+    def _replay(self, shard: int, first: int, last: int, now: float) -> list[Send]:
+        """Push to ``shard`` again the gradients of rounds ``first`` to ``last - 1`` (each
+        once its round is open there), then the current request."""
+        link = self.links[shard]
+        log.warning("%s is at round %d, this worker at %d: replaying %d rounds",
+                    link.endpoint, first, last, last - first)
+        start, stop = self.ranges[shard]
+        replays = []
+        for k in range(first, last):
+            gradient = self.sent.get(k)
+            if gradient is None:
+                raise PeerError(
+                    f"{link.endpoint} restarted at round {first}, but this worker keeps "
+                    f"only its last {self.sent.window} rounds (--replay-rounds) and is at "
+                    f"round {last}")
+            header = Push(round=k, worker=self.worker, length=stop - start, pull_next=True)
+            replays.append(_Step(encode(header, gradient[start:stop]), _reader(Params),
+                                 idempotent=True))
+        link.steps.extendleft(reversed(replays))
+        return self._send(shard, now)
+
+    def _check_grace(self, link: _Link, now: float) -> None:
+        if link.failing_since is not None and now - link.failing_since >= HANDSHAKE_GRACE_S:
+            raise link.handshake_error(now)
+
+    def _welcomed(self) -> list[Welcome]:
+        """The WELCOMEs, checked: shard s at endpoint s; the shard ranges and d learnt."""
+        welcomes: list[Welcome] = [self.results[s] for s in range(len(self.links))]  # type: ignore[misc]
+        for s, w in enumerate(welcomes):
+            if w.shard != s or w.num_shards != self.cfg.num_shards:
+                raise ConfigError(
+                    f"endpoint {self.links[s].endpoint} serves shard {w.shard} of "
+                    f"{w.num_shards}, expected shard {s} of {self.cfg.num_shards} (check "
+                    f"the endpoint order)")
+        self.ranges = [(w.start, w.stop) for w in welcomes]
+        self.d = welcomes[0].d
+        return welcomes
+
+    def _pulls(self, x: np.ndarray, round_: int) -> dict[int, _Step]:
+        return {s: self._pull_step(x, s, round_) for s in range(len(self.links))}
+
+    def _pull_step(self, x: np.ndarray, shard: int, round_: int) -> _Step:
+        """PULL(round_) from ``shard``, its PARAMS copied into ``x``."""
+        frames = encode(Pull(round=round_, worker=self.worker))
+        return _Step(frames, self._params_into(x, shard, round_))
+
+    def _params_into(self, x: np.ndarray, shard: int, round_: int) -> Callable[[Message], bool]:
+        """A reader that copies shard ``shard``'s PARAMS(round_) into ``x``."""
+
+        def read(msg: Message) -> bool:
+            h: Params = _expect(msg, Params)  # type: ignore[assignment]
+            start, stop = self.ranges[shard]
+            if h.round != round_ or h.length != stop - start:
+                raise PeerError(
+                    f"shard {shard} sent round {h.round} with {h.length} values, expected "
+                    f"round {round_} with {stop - start}"
+                )
+            msg.tensor_into(x[start:stop])
+            return True
+
+        return read
+
+
+_Handler = Callable[[ClientCore, int, Message, float], list[Send]]
+_HANDLERS: dict[type, _Handler] = {
+    Welcome: ClientCore._on_welcome,
+    Error: ClientCore._on_error,
+}
+
+
+def _expect(msg: Message, kind: type) -> Header:
+    header = msg.header
+    if not isinstance(header, kind):
+        raise PeerError(f"expected {kind.__name__}, got {type(header).__name__}")
+    return header
+
+
+def _reader(kind: type) -> Callable[[Message], Header]:
+    """A reader whose value is the answer's header, which must be a ``kind``."""
+    return lambda msg: _expect(msg, kind)
