@@ -9,9 +9,11 @@ each connection a socket and its buffers).
 
 A key's connections are those the in-flight guard (``common/inflight.py``) has
 attributed to it by a delivered message (``live``, which the guard provides), plus its
-handshakes of the last ``pending_s`` seconds, which count until then whether or not a
-message named them: the guard cuts a connection that has delivered nothing after
-``pending_s`` (``IDLE_CUT_S``), so no connection is ever uncounted. A key that broke a
+handshakes of the last ``pending_s`` seconds that no message has named yet (the guard
+reports each attribution, :meth:`Admission.named`): the guard cuts a connection that has
+delivered nothing after ``pending_s`` (``IDLE_CUT_S``), so no connection is ever
+uncounted, and none is counted twice, so a worker that reopened its socket a few times
+(one per request timeout, under load) is never refused for connections it closed. A key that broke a
 hard limit (an oversize or over-long message) is barred for the rest of the node's
 life: its handshakes are refused from then on.
 
@@ -63,6 +65,7 @@ class Admission:
         self.live: Callable[[Identity], int] = lambda identity: 0
         self._lock = threading.Lock()
         self._handshakes: dict[Identity, deque[float]] = {}
+        self._unnamed: dict[Identity, deque[float]] = {}  # admitted, no message yet
         self._barred: dict[Identity, str] = {}
         self.refused: Counter[str] = Counter()  # by reason: barred, connections, handshakes
 
@@ -75,14 +78,24 @@ class Admission:
             if identity in self._barred:
                 return self._refuse(identity, "barred", f"barred: {self._barred[identity]}")
             recent = self._recent(identity, now)
-            held = self.live(identity) + sum(now - t < self.pending_s for t in recent)
+            unnamed = self._pending(identity, now)
+            held = self.live(identity) + len(unnamed)
             if held >= self.max_connections:
                 return self._refuse(identity, "connections", f"holds {held} connections")
             if len(recent) >= self.max_handshakes:
                 return self._refuse(identity, "handshakes", f"{len(recent)} handshakes in "
                                     f"{self.window_s:g} s")
             recent.append(now)
+            unnamed.append(now)
             return Decision(True, identity)
+
+    def named(self, identity: Identity, now: float) -> None:
+        """A message named one of ``identity``'s connections (the guard attributed it):
+        it counts in ``live`` from now on, not as a pending handshake as well."""
+        with self._lock:
+            pending = self._pending(identity, now)
+            if pending:
+                pending.popleft()
 
     def bar(self, identity: Identity, reason: str) -> bool:
         """Refuse ``identity``'s handshakes from now on; whether it is newly barred."""
@@ -98,6 +111,14 @@ class Admission:
         while recent and now - recent[0] > self.window_s:
             recent.popleft()
         return recent
+
+    def _pending(self, identity: Identity, now: float) -> deque[float]:
+        """``identity``'s admitted handshakes of the last ``pending_s`` that no message
+        named yet (older ones dropped: the guard has cut those connections)."""
+        pending = self._unnamed.setdefault(identity, deque())
+        while pending and now - pending[0] >= self.pending_s:
+            pending.popleft()
+        return pending
 
     def _refuse(self, identity: Identity, kind: str, reason: str) -> Decision:
         self.refused[kind] += 1

@@ -123,6 +123,7 @@ class InflightGuard:
 
     def __init__(self, sock: zmq.Socket, *, limit: int, first_limit: int, curve: bool,
                  tcp_info: bool, on_offence: Offence, max_connections: int | None = None,
+                 on_named: Callable[[Identity], None] | None = None,
                  interval_s: float = INTERVAL_S, idle_cut_s: float = IDLE_CUT_S) -> None:
         self.limit = limit
         self.first_limit = first_limit
@@ -130,6 +131,7 @@ class InflightGuard:
         self.tcp_info = tcp_info
         self.on_offence = on_offence
         self.max_connections = max_connections
+        self.on_named = on_named  # a connection attributed to a key (Admission.named)
         self.interval_s = interval_s
         self.idle_cut_s = idle_cut_s
         self.cuts = 0
@@ -168,6 +170,8 @@ class InflightGuard:
                 return
             else:
                 conn.identity = identity
+                if self.on_named is not None:
+                    self.on_named(identity)
         conn.delivered += wire
 
     def connections(self, identity: Identity) -> int:

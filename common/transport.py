@@ -353,9 +353,14 @@ class Listener:
             first_limit=hold_limit(largest, 0, INBOUND_FRAME_LIMIT),
             curve=curve is not None, tcp_info=tcp_info_available(self.endpoint),
             on_offence=self._offended,
-            max_connections=self.admission.max_connections if self.admission else None)
+            max_connections=self.admission.max_connections if self.admission else None,
+            on_named=self._named)
         if self.admission is not None:
             self.admission.live = self.guard.connections
+
+    def _named(self, identity: Identity) -> None:
+        if self.admission is not None:
+            self.admission.named(identity, time.monotonic())
 
     def _offended(self, identity: Identity | None, why: str) -> None:
         """(In the guard's thread.) Bar the key now, so its next handshake is refused

@@ -138,6 +138,29 @@ def test_a_key_holds_at_most_four_connections(ctx, ring) -> None:
         listener.close(0)
 
 
+def test_a_worker_reopening_its_socket_again_and_again_is_always_admitted(ctx, ring) -> None:
+    """Eight connections of one key one after another within the window, each named by
+    a message and then closed (a worker that reopens on every request timeout under
+    load): none is refused, since a closed connection no longer counts."""
+    listener = Listener(ctx, "tcp://127.0.0.1:*", ring.server_curve(0, 2), LARGEST)
+    worker = Identity.parse("worker-0")
+    try:
+        for i in range(8):
+            sock = client(ctx, ring, listener.endpoint)
+            try:
+                sock.send_multipart(STATUS)
+                incoming = next_message(listener)
+                assert incoming is not None, f"connection {i} got no message through"
+                assert incoming.identity == worker
+            finally:
+                sock.close(0)
+            wait_for(lambda: listener.guard.connections(worker) == 0, 5.0,
+                     "the closed connection still counted")
+        assert listener.admission.refused["connections"] == 0
+    finally:
+        listener.close(0)
+
+
 def test_a_message_left_from_a_closed_connection_does_not_name_the_next_one() -> None:
     """SRCFD gives a descriptor number only: a message still queued from a connection that
     closed is reported on the descriptor a new connection got. A connection that has not

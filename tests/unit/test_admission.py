@@ -43,6 +43,24 @@ def test_a_key_holds_at_most_its_connections_counting_those_not_yet_named() -> N
     assert admission.refused["connections"] == 2
 
 
+def test_a_named_connection_counts_once_and_a_closed_one_not_at_all() -> None:
+    """A worker that reopens its socket on every request timeout (each new connection
+    named by its first message, the old one closed) is never refused, however often
+    it reopens within the window; unnamed handshakes still count."""
+    live = {W1: 0}
+    admission = Admission(CLIENTS, max_connections=2, max_handshakes=100, pending_s=10.0)
+    admission.live = lambda identity: live.get(identity, 0)
+    for i in range(6):  # one reopen every 1.5 s: the old connection closed, the new named
+        now = 1.5 * i
+        assert admission.admit(b"key-1", now).admitted, f"reopen {i} refused"
+        admission.named(W1, now + 0.01)
+        live[W1] = 1
+    assert admission.admit(b"key-1", 9.0).admitted  # one live + one unnamed: two
+    assert not admission.admit(b"key-1", 9.1).admitted
+    admission.named(W2, 9.2)  # another key's message names nothing of key-1's
+    assert not admission.admit(b"key-1", 9.3).admitted
+
+
 def test_a_rate_limit_gives_the_burst_then_the_rate() -> None:
     limit = RateLimit(rate=10.0, burst=5.0)
     assert [limit.allow("k", 0.0) for _ in range(7)] == [True] * 5 + [False] * 2
