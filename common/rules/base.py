@@ -7,8 +7,9 @@ most q Byzantine values per coordinate (or q Byzantine rows, for the classic mod
 
 A rule's preconditions are a class method (:meth:`Rule.check`), so a configuration is
 validated without building a rule; the compiled kernels (numba) and torch are imported
-only when a rule first aggregates (:func:`load_kernels`), so processes that only
-validate settings (the launcher, the proxy) stay light.
+only when a rule first aggregates (each imports the modules of ``common.rules.kernels``
+it uses in its ``aggregate``), so processes that only validate settings (the launcher,
+the proxy) stay light.
 
 Sharding: each server aggregates its own shard, the (n, d_s) rows of its coordinates.
 Coordinate-wise rules (MarMed, MeaMed, trimmed mean) give exactly what they would give
@@ -26,7 +27,6 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Mapping
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -74,13 +74,6 @@ def check_subsets(name: str, n: int, q: int, cap: int) -> None:
         raise RuleError(f"{name} searches the C(n, q) = C({n}, {q}) = {count} subsets of "
                         f"n-q = {n - q} rows; it is capped at {cap} (n={n}, q={q}): lower q "
                         f"or n, or use a polynomial rule")
-
-
-def load_kernels() -> ModuleType:
-    """The compiled kernels (``common.rules.kernels``; imports numba and torch)."""
-    from common.rules import kernels
-
-    return kernels
 
 
 class Rule:

@@ -33,7 +33,6 @@ from common.rules.base import (
     RuleError,
     as_int,
     as_positive_float,
-    load_kernels,
     register_rule,
 )
 from common.rules.marmed import coordinate_median
@@ -66,8 +65,9 @@ class GeoMed(Rule):
         }
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
+        from common.rules.kernels import gram
+
+        K = gram.gram64(G)
         rows = np.flatnonzero(np.isfinite(np.diag(K)))
         if rows.size == 0:
             self.last_info = {"iterations": 0, "converged": False, "fallback": "marmed"}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import Rule, check_subsets, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, check_subsets, median_bound, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 MAX_SUBSETS = 1_000_000
 
 
-def subset_mean(kernels: Any, G: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+def subset_mean(G: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     """The mean of rows ``rows`` of ``G``, accumulated in float64 (no copy of the rows)."""
-    return kernels.group_means(G.numpy(), [np.asarray(rows, dtype=np.int64)])[0]
+    from common.rules.kernels import reductions
+
+    return reductions.group_means(G.numpy(), [np.asarray(rows, dtype=np.int64)])[0]
 
 
 @register_rule
@@ -60,8 +62,9 @@ class MDA(Rule):
         return options
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        from common.rules.kernels import gram, subsets
+
+        D2, finite = gram.squared_distances(gram.gram64(G))
         rows = np.flatnonzero(finite)
         m = self.n - self.q
         if rows.size == 0:
@@ -73,7 +76,7 @@ class MDA(Rule):
             if rows.size < m:
                 self.last_info = {"fallback": "finite-rows"}
         else:
-            subset, diam2, _ = kernels.min_diameter_subset(D2[np.ix_(rows, rows)], m)
+            subset, diam2, _ = subsets.min_diameter_subset(D2[np.ix_(rows, rows)], m)
             chosen, diameter = rows[subset], math.sqrt(diam2)
         self.last_info = {**self.last_info, "selected": chosen.tolist(), "diameter": diameter}
-        return subset_mean(kernels, G, chosen)
+        return subset_mean(G, chosen)

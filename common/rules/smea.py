@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import Rule, check_subsets, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, check_subsets, median_bound, register_rule
 from common.rules.marmed import coordinate_median
 from common.rules.mda import subset_mean
 
@@ -58,9 +58,10 @@ class SMEA(Rule):
         return options
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
-        D2, finite = kernels.squared_distances(K)
+        from common.rules.kernels import gram, subsets
+
+        K = gram.gram64(G)
+        D2, finite = gram.squared_distances(K)
         rows = np.flatnonzero(finite)
         m = self.n - self.q
         if rows.size == 0:
@@ -73,10 +74,10 @@ class SMEA(Rule):
             if rows.size < m:
                 self.last_info = {"fallback": "finite-rows"}
         else:
-            subset, top, _ = kernels.min_eigen_subset(K[sub], D2[sub], m)
+            subset, top, _ = subsets.min_eigen_subset(K[sub], D2[sub], m)
             chosen, eigen = rows[subset], float(top) / m
         self.last_info = {**self.last_info, "selected": chosen.tolist(), "max_eigenvalue": eigen}
-        return subset_mean(kernels, G, chosen)
+        return subset_mean(G, chosen)
 
 
 def _centered(K: np.ndarray) -> np.ndarray:
