@@ -219,71 +219,7 @@ usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
   echo "$svc=${limit_of[$svc]}"; done)
 
 # --- 8. check the metrics on the host ----------------------------------------------
-result="$(python3 - "$PS_RUNS_DIR" "$env_file" "$min_top1" <<'PY'
-import glob
-import json
-import math
-import os
-import sys
-
-runs, env_path, min_top1 = sys.argv[1], sys.argv[2], float(sys.argv[3])
-env = {}
-for line in open(env_path, encoding="utf-8"):
-    key, sep, value = line.strip().partition("=")
-    if sep and not key.startswith("#"):
-        env[key] = value
-rounds, shards = int(env["PS_ROUNDS"]), int(env["PS_SHARDS"])
-attack = env.get("PS_PROXY_ATTACK", "none")
-
-
-def records(name):  # <service>.jsonl, in the service's own directory <runs>/<service>/
-    path = os.path.join(runs, name.removesuffix(".jsonl"), name)
-    if not os.path.exists(path):
-        sys.exit(f"{name} is missing in {os.path.dirname(path)}")
-    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-
-
-problems = []
-evaluations = records("evaluator.jsonl")
-final = evaluations[-1] if evaluations else {}
-top1 = final.get("top1", float("nan"))
-if final.get("round") != rounds:
-    problems.append(f"the evaluator's last round is {final.get('round')}, expected {rounds}")
-if not (math.isfinite(top1) and top1 >= min_top1):
-    problems.append(f"final top-1 {top1} < {min_top1} (chance is 0.1)")
-
-proxies = sorted(glob.glob(os.path.join(runs, "proxy-*", "proxy-*.jsonl")))
-corrupted = {}
-for path in proxies:
-    name = os.path.basename(path)
-    corrupted[name] = sum(r.get("corrupted_values", 0) for r in records(name))
-if attack != "none":
-    if not proxies:
-        problems.append("no proxy-*.jsonl: did the proxy run?")
-    problems += [f"{name}: no value corrupted ({attack})" for name, c in corrupted.items() if c <= 0]
-
-for s in range(shards):
-    server = records(f"server-{s}.jsonl")
-    if len(server) != rounds:
-        problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
-    elif not server[-1].get("params_finite", False):
-        problems.append(f"server {s}: parameters not finite after the last round")
-    if not os.path.exists(os.path.join(runs, f"server-{s}", f"shard-{s}.npz")):
-        problems.append(f"the final checkpoint server-{s}/shard-{s}.npz is missing")
-
-curve = " ".join(f"{r['round']}:{r['top1']:.3f}" for r in evaluations)
-print(f"top-1 by round: {curve}")
-print(
-    f"rule {env.get('PS_RULE')} q={env.get('PS_Q')}, n={env.get('PS_WORKERS')} S={shards}, "
-    f"{rounds} rounds, proxy attack {attack} (p={env.get('PS_GAMBLER_P')}): "
-    f"final top-1 {top1:.4f} top-3 {final.get('top3', float('nan')):.4f}; corrupted values: "
-    + (", ".join(f"{k.removesuffix('.jsonl')} {v}" for k, v in corrupted.items()) or "none")
-)
-if problems:
-    print("problems: " + "; ".join(problems))
-    sys.exit(1)
-PY
-)" || {
+result="$(python3 scripts/check_smoke_metrics.py "$PS_RUNS_DIR" "$env_file" "$min_top1")" || {
   echo "$result" >&2
   echo "FAILED compose smoke: the metrics do not pass (see above)" >&2
   exit 1

@@ -295,68 +295,7 @@ usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
   echo "$svc=${limit_of[$svc]}"; done)
 
 # --- 8. check the metrics in the volumes ---------------------------------------------
-result="$(python3 - "$links" "$env_file" "$min_top1" "$workers" <<'PY'
-import glob
-import json
-import math
-import os
-import sys
-
-runs, env_path, min_top1, workers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-env = {}
-for line in open(env_path, encoding="utf-8"):
-    key, sep, value = line.strip().partition("=")
-    if sep and not key.startswith("#"):
-        env[key] = value
-rounds, shards = int(env["PS_ROUNDS"]), int(env["PS_SHARDS"])
-attack = env.get("PS_PROXY_ATTACK", "none")
-
-
-def records(name):  # <service>.jsonl, in the service's own volume
-    path = os.path.join(runs, name.removesuffix(".jsonl"), name)
-    if not os.path.exists(path):
-        sys.exit(f"{name} is missing in its service's volume")
-    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-
-
-problems = []
-evaluations = records("evaluator.jsonl")
-final = evaluations[-1] if evaluations else {}
-top1 = final.get("top1", float("nan"))
-if final.get("round") != rounds:
-    problems.append(f"the evaluator's last round is {final.get('round')}, expected {rounds}")
-if not (math.isfinite(top1) and top1 >= min_top1):
-    problems.append(f"final top-1 {top1} < {min_top1} (chance is 0.1)")
-corrupted = {os.path.basename(p): sum(r.get("corrupted_values", 0) for r in records(os.path.basename(p)))
-             for p in sorted(glob.glob(os.path.join(runs, "proxy-*", "proxy-*.jsonl")))}
-if attack != "none":
-    if not corrupted:
-        problems.append("no proxy-*.jsonl: did the proxy run?")
-    problems += [f"{name}: no value corrupted ({attack})" for name, c in corrupted.items() if c <= 0]
-for s in range(shards):
-    server = records(f"server-{s}.jsonl")
-    if len(server) != rounds:
-        problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
-    elif not server[-1].get("params_finite", False):
-        problems.append(f"server {s}: parameters not finite after the last round")
-    if not os.path.exists(os.path.join(runs, f"server-{s}", f"shard-{s}.npz")):
-        problems.append(f"the final checkpoint server-{s}/shard-{s}.npz is missing")
-ids = sorted(int(os.path.basename(p)[len("worker-"):-len(".jsonl")])
-             for p in glob.glob(os.path.join(runs, "worker-*", "worker-*.jsonl"))
-             if os.path.basename(os.path.dirname(p)) + ".jsonl" == os.path.basename(p))
-if ids != list(range(workers)):
-    problems.append(f"worker metrics for ids {ids}, expected 0..{workers - 1} (one per service)")
-print("top-1 by round: " + " ".join(f"{r['round']}:{r['top1']:.3f}" for r in evaluations))
-print(f"rule {env.get('PS_RULE')} q={env.get('PS_Q')}, n={workers} S={shards}, {rounds} rounds, "
-      f"proxy attack {attack} (p={env.get('PS_GAMBLER_P')}): final top-1 {top1:.4f} "
-      f"top-3 {final.get('top3', float('nan')):.4f}; corrupted values: "
-      + (", ".join(f"{k.removesuffix('.jsonl')} {v}" for k, v in corrupted.items()) or "none")
-      + f"; worker ids {ids[0]}..{ids[-1]}")
-if problems:
-    print("problems: " + "; ".join(problems))
-    sys.exit(1)
-PY
-)" || {
+result="$(python3 scripts/check_smoke_metrics.py "$links" "$env_file" "$min_top1" --workers "$workers")" || {
   echo "$result" >&2
   fail "the metrics do not pass (see above)"
 }

@@ -57,7 +57,6 @@ from common.protocol import (
     ErrorCode,
     Header,
     Hello,
-    Message,
     Params,
     Pull,
     Push,
@@ -97,6 +96,10 @@ class Reply:
     tensor: np.ndarray | None = None
 
 
+# answers one message of a type (the message, its sender's principal, now)
+Handler = Callable[["Incoming", Hashable, float], "list[Reply]"]
+
+
 class ServerCore:
     """One shard's server: handles messages, steps rounds, decides when to exit."""
 
@@ -129,6 +132,11 @@ class ServerCore:
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
         self.absent = np.zeros(cfg.num_workers, dtype=bool)
         self.peers = PeerPolicy(self.counters, log, on_bar)
+        # what answers each message type a server accepts (any other: UNEXPECTED)
+        self._handlers: dict[type[Header], Handler] = {
+            Hello: self._on_hello, Pull: self._on_pull, Push: self._on_push,
+            Status: self._on_status,
+        }
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -229,19 +237,10 @@ class ServerCore:
         header = incoming.message.header
         try:
             check_claim(identity, header, len(envelope), self.state.shard)
-            if isinstance(header, Hello):
-                return self._on_hello(envelope, incoming.peer, header, incoming, principal, now)
-            if isinstance(header, Pull):
-                self.sessions.require(incoming.peer)
-                if (incoming.peer, header.round) in self.parked:  # replaces it: one reply
-                    self.counters[REPEATED_PULL] += 1
-                return self._on_pull(envelope, incoming.peer, header)
-            if isinstance(header, Push):
-                session = self.sessions.require(incoming.peer)
-                return self._on_push(envelope, incoming.peer, session, incoming.message, now)
-            if isinstance(header, Status):
-                return [Reply(envelope, self.status())]
-            raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
+            handler = self._handlers.get(type(header))
+            if handler is None:
+                raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
+            return handler(incoming, principal, now)
         except Refused as exc:
             return self._refuse(principal, envelope, exc.code, str(exc), now)
         except Exception as exc:  # a bug must not end the node: answer, count, log
@@ -271,8 +270,9 @@ class ServerCore:
                 and 0 <= identity.index < self.cfg.num_workers):
             self.absent[identity.index] = True
 
-    def _on_hello(self, envelope: list[Any], peer: Peer, hello: Hello, incoming: Incoming,
-                  principal: Hashable, now: float) -> list[Reply]:
+    def _on_hello(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
+        hello: Hello = incoming.message.header  # type: ignore[union-attr,assignment]
+        envelope, peer = incoming.envelope, incoming.peer
         if hello.role not in ROLES:
             raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
         if hello.config_hash != self.cfg.config_hash:
@@ -315,16 +315,28 @@ class ServerCore:
                           rounds=self.cfg.rounds)
         return [Reply(envelope, welcome)]
 
-    def _on_pull(self, envelope: list[Any], peer: Peer, pull: Pull) -> list[Reply]:
+    def _on_pull(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
+        pull: Pull = incoming.message.header  # type: ignore[union-attr,assignment]
+        self.sessions.require(incoming.peer)
+        if (incoming.peer, pull.round) in self.parked:  # replaces it: one reply
+            self.counters[REPEATED_PULL] += 1
+        return self._answer_pull(incoming.envelope, incoming.peer, pull)
+
+    def _on_status(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
+        return [Reply(incoming.envelope, self.status())]
+
+    def _answer_pull(self, envelope: list[Any], peer: Peer, pull: Pull) -> list[Reply]:
+        """PARAMS of ``pull.round``, or nothing yet (parked until that round exists)."""
         params = self.state.params_at(pull.round)
         if params is None:
             self._park(envelope, peer, pull.round)
             return []
         return [self._params(envelope, pull.round, params)]
 
-    def _on_push(self, envelope: list[Any], peer: Peer, session: Session, message: Message,
-                 now: float) -> list[Reply]:
-        push: Push = message.header  # type: ignore[assignment]
+    def _on_push(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
+        envelope, peer, message = incoming.envelope, incoming.peer, incoming.message
+        session = self.sessions.require(peer)
+        push: Push = message.header  # type: ignore[union-attr,assignment]
         if session.role != "worker" or session.worker != push.worker:
             raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
                           f"{session.worker}, not as worker {push.worker}")
@@ -355,7 +367,7 @@ class ServerCore:
         self.counters[REPEATED_PUSH] += 1
         if not push.pull_next:
             return [Reply(envelope, Ack(round=push.round, worker=push.worker))]
-        return self._on_pull(envelope, peer, Pull(round=push.round + 1, worker=push.worker))
+        return self._answer_pull(envelope, peer, Pull(round=push.round + 1, worker=push.worker))
 
     def _check_parking_space(self, peer: Peer) -> None:
         if self.parked_per_peer[peer] >= MAX_PARKED_PER_PEER:

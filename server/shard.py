@@ -26,6 +26,7 @@ import torch
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.protocol import ErrorCode, Message, Refused
+from common.pushes import PushWindow, check_push
 from common.rules import RuleError
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
@@ -145,33 +146,14 @@ class ShardState:
     def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
         """Validate one push and store its values (an array, or a received PUSH message).
 
-        Raises ``Refused`` (UNKNOWN_WORKER, FINISHED, STALE_ROUND, WRONG_ROUND, DUPLICATE,
-        WRONG_LENGTH) without storing anything.
+        Raises ``Refused`` (``common.pushes.check_push``: UNKNOWN_WORKER, STALE_ROUND,
+        FINISHED, WRONG_ROUND, DUPLICATE, WRONG_LENGTH) without storing anything.
         """
         message = isinstance(values, Message)
         length = values.header.length if message else values.size
-        if not 0 <= worker < self.cfg.num_workers:
-            raise Refused(
-                ErrorCode.UNKNOWN_WORKER,
-                f"worker {worker} is not in 0..{self.cfg.num_workers - 1}",
-            )
-        if round_ < self.round:  # (also the last round, closed without this worker)
-            raise Refused(ErrorCode.STALE_ROUND,
-                          f"push for round {round_}, current round is {self.round}")
-        if self.finished:
-            raise Refused(ErrorCode.FINISHED, f"the run finished after {self.cfg.rounds} rounds")
-        if round_ != self.round:  # (a later round: an earlier one is stale, above)
-            raise Refused(ErrorCode.WRONG_ROUND,
-                          f"push for round {round_}, current round is {self.round}")
-        if self.received[worker]:
-            raise Refused(
-                ErrorCode.DUPLICATE, f"worker {worker} already pushed round {round_}"
-            )
-        if length != self.size:
-            raise Refused(
-                ErrorCode.WRONG_LENGTH,
-                f"push has {length} values, shard {self.shard} has {self.size}",
-            )
+        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
+                            current=self.round, oldest=self.round, newest=self.round)
+        check_push(window, round_, worker, length, self.finished, self.received)
         if message:
             values.tensor_into(self.grads[worker])
         else:

@@ -8,8 +8,9 @@ most q Byzantine values per coordinate (or q Byzantine rows, for the classic mod
 A rule's preconditions are a class method (:meth:`Rule.check`), so a configuration is
 validated without building a rule; the options a run sets are declared by the rule as
 settings (:class:`OptionSettings`), like an attack's parameters.  The compiled kernels
-(numba) and torch are imported only when a rule first aggregates (:func:`load_kernels`),
-so processes that only validate settings (the launcher, the proxy) stay light.
+(numba) and torch are imported only when a rule first aggregates (each imports the
+modules of ``common.rules.kernels`` it uses in its ``aggregate``), so processes that only
+validate settings (the launcher, the proxy) stay light.
 
 Sharding: each server aggregates its own shard, the (n, d_s) rows of its coordinates.
 Coordinate-wise rules (MarMed, MeaMed, trimmed mean) give exactly what they would give
@@ -37,7 +38,6 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.registry import Registry
@@ -134,13 +134,6 @@ def nan_where_all_nan(G: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     out = out.clone()
     out[empty] = float("nan")
     return out
-
-
-def load_kernels() -> ModuleType:
-    """The compiled kernels (``common.rules.kernels``; imports numba and torch)."""
-    from common.rules import kernels
-
-    return kernels
 
 
 @dataclass(frozen=True)

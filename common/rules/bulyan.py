@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.rules.base import Rule, load_kernels, register_rule
+from common.rules.base import Rule, register_rule
 from common.rules.krum import krum_ranking
 
 if TYPE_CHECKING:
@@ -49,8 +49,9 @@ class Bulyan(Rule):
         self.beta = self.theta - 2 * self.q
 
     def aggregate(self, G: torch.Tensor) -> np.ndarray:
-        kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        from common.rules.kernels import gram, networks
+
+        D2, finite = gram.squared_distances(gram.gram64(G))
         remaining = np.arange(self.n)
         selected: list[int] = []
         for _ in range(self.theta):
@@ -61,4 +62,4 @@ class Bulyan(Rule):
             remaining = remaining[remaining != best]
         self.last_info = {"selected": selected}
         rows = np.array(selected, dtype=np.int64)
-        return kernels.coordinate_window_mean(G.numpy(), self.beta, rows)
+        return networks.coordinate_window_mean(G.numpy(), self.beta, rows)

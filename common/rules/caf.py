@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.rules.base import Rule, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, median_bound, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -89,8 +89,9 @@ class CAF(Rule):
     precondition = staticmethod(lambda n, q: q <= median_bound(n))
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
+        from common.rules.kernels import gram, reductions
+
+        K = gram.gram64(G)
         rows = np.flatnonzero(np.isfinite(np.diag(K)))
         if rows.size == 0:
             self.last_info = {"iterations": 0, "fallback": "marmed"}
@@ -102,4 +103,4 @@ class CAF(Rule):
         self.last_info = {"iterations": iterations, "max_eigenvalue": lam,
                           "weights": [round(float(w), 6) for w in weights]}
         X = G.numpy()
-        return kernels.weighted_shift(X, np.zeros(X.shape[1], dtype=np.float32), rows, a)
+        return reductions.weighted_shift(X, np.zeros(X.shape[1], dtype=np.float32), rows, a)

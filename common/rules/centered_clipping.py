@@ -38,7 +38,6 @@ from common.rules.base import (
     RuleError,
     as_positive_float,
     as_positive_int,
-    load_kernels,
     register_rule,
 )
 from common.settings import setting
@@ -87,7 +86,8 @@ class CenteredClipping(Rule):
         self.center = None if center is None else np.asarray(center, dtype=np.float32)
 
     def aggregate(self, G: torch.Tensor) -> np.ndarray:
-        kernels = load_kernels()
+        from common.rules.kernels import reductions
+
         X = G.numpy()
         n, d = X.shape
         v = np.zeros(d, dtype=np.float32) if self.center is None else self.center
@@ -96,13 +96,13 @@ class CenteredClipping(Rule):
                             f"has d={d}")
         clipped = skipped = 0
         for _ in range(self.iters):
-            dist2 = kernels.row_sq_distances(X, v)
+            dist2 = reductions.row_sq_distances(X, v)
             rows = np.flatnonzero(np.isfinite(dist2))
             dist = np.sqrt(dist2[rows])
             far = dist > self.tau
             scale = np.ones(rows.size)
             scale[far] = self.tau / dist[far]
-            v = kernels.weighted_shift(X, v, rows, scale / n)
+            v = reductions.weighted_shift(X, v, rows, scale / n)
             clipped, skipped = int(far.sum()), n - rows.size
         self.center = v
         self.last_info = {"clipped": clipped, "skipped": skipped}

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import Rule, as_positive_float, as_positive_int, load_kernels, register_rule
+from common.rules.base import Rule, as_positive_float, as_positive_int, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -56,8 +56,9 @@ class GeoMed(Rule):
         }
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
+        from common.rules.kernels import gram
+
+        K = gram.gram64(G)
         rows = np.flatnonzero(np.isfinite(np.diag(K)))
         if rows.size == 0:
             self.last_info = {"iterations": 0, "converged": False, "fallback": "marmed"}

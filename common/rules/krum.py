@@ -29,7 +29,6 @@ from common.rules.base import (
     Rule,
     RuleError,
     as_int,
-    load_kernels,
     register_rule,
 )
 from common.rules.marmed import coordinate_median
@@ -66,8 +65,9 @@ class KrumScored(Rule):
     precondition = staticmethod(lambda n, q: 2 * q + 2 < n)
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        from common.rules.kernels import gram
+
+        D2, finite = gram.squared_distances(gram.gram64(G))
         if not finite.any():
             self.last_info = {"selected": [], "fallback": "marmed"}
             return coordinate_median(G)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.rules.base import Rule, load_kernels, register_rule
+from common.rules.base import Rule, register_rule
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 def coordinate_median(G: torch.Tensor) -> np.ndarray:
     """Coordinate-wise median of a contiguous (n, d) float32 CPU tensor."""
-    return load_kernels().coordinate_median(G.numpy())
+    from common.rules.kernels import networks
+
+    return networks.coordinate_median(G.numpy())
 
 
 @register_rule

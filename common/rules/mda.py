@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from common.rules.base import Rule, check_subsets, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, check_subsets, median_bound, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 MAX_SUBSETS = 1_000_000
 
 
-def subset_mean(kernels: Any, G: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+def subset_mean(G: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     """The mean of rows ``rows`` of ``G``, accumulated in float64 (no copy of the rows)."""
-    return kernels.group_means(G.numpy(), [np.asarray(rows, dtype=np.int64)])[0]
+    from common.rules.kernels import reductions
+
+    return reductions.group_means(G.numpy(), [np.asarray(rows, dtype=np.int64)])[0]
 
 
 class SubsetMean(Rule):
@@ -60,9 +62,10 @@ class SubsetMean(Rule):
         return options
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        K = kernels.gram64(G)
-        D2, finite = kernels.squared_distances(K)
+        from common.rules.kernels import gram
+
+        K = gram.gram64(G)
+        D2, finite = gram.squared_distances(K)
         rows = np.flatnonzero(finite)
         m = self.n - self.q
         if rows.size == 0:
@@ -71,11 +74,11 @@ class SubsetMean(Rule):
         if rows.size < m:
             self.last_info = {"fallback": "finite-rows"}
         sub = np.ix_(rows, rows)
-        chosen, info = self.select(kernels, K[sub], D2[sub], m)
+        chosen, info = self.select(K[sub], D2[sub], m)
         self.last_info = {**self.last_info, "selected": rows[chosen].tolist(), **info}
-        return subset_mean(kernels, G, rows[chosen])
+        return subset_mean(G, rows[chosen])
 
-    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+    def select(self, K: np.ndarray, D2: np.ndarray,
                m: int) -> tuple[np.ndarray, dict[str, float]]:
         """(positions of the chosen rows, what ``last_info`` reports of them) among k
         finite rows with Gram matrix ``K`` and squared distances ``D2``; all k rows if
@@ -92,9 +95,11 @@ class MDA(SubsetMean):
     needs = "2q < n, C(n,q) <= 1e6"
     max_subsets = MAX_SUBSETS
 
-    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+    def select(self, K: np.ndarray, D2: np.ndarray,
                m: int) -> tuple[np.ndarray, dict[str, float]]:
+        from common.rules.kernels import subsets
+
         if K.shape[0] <= m:
             return np.arange(K.shape[0]), {"diameter": float(np.sqrt(D2.max()))}
-        subset, diam2, _ = kernels.min_diameter_subset(D2, m)
+        subset, diam2, _ = subsets.min_diameter_subset(D2, m)
         return subset, {"diameter": math.sqrt(diam2)}

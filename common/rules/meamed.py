@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.rules.base import Rule, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, median_bound, register_rule
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,4 +36,6 @@ class MeaMed(Rule):
     precondition = staticmethod(lambda n, q: q <= median_bound(n))
 
     def aggregate(self, G: torch.Tensor) -> np.ndarray:
-        return load_kernels().coordinate_window_mean(G.numpy(), self.n - self.q)
+        from common.rules.kernels import networks
+
+        return networks.coordinate_window_mean(G.numpy(), self.n - self.q)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.rules.base import Rule, load_kernels, register_rule
+from common.rules.base import Rule, register_rule
 from common.rules.marmed import coordinate_median
 
 if TYPE_CHECKING:
@@ -32,8 +32,9 @@ class Medoid(Rule):
     summary = "the input vector minimising the sum of distances to all inputs"
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor | np.ndarray:
-        kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        from common.rules.kernels import gram
+
+        D2, finite = gram.squared_distances(gram.gram64(G))
         rows = np.flatnonzero(finite)
         if rows.size == 0:
             self.last_info = {"selected": [], "fallback": "marmed"}

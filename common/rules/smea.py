@@ -32,8 +32,6 @@ normalised by |S|).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from common.rules.base import register_rule
@@ -53,13 +51,15 @@ class SMEA(SubsetMean):
     needs = "2q < n, C(n,q) <= 2e5"
     max_subsets = MAX_SUBSETS
 
-    def select(self, kernels: Any, K: np.ndarray, D2: np.ndarray,
+    def select(self, K: np.ndarray, D2: np.ndarray,
                m: int) -> tuple[np.ndarray, dict[str, float]]:
+        from common.rules.kernels import subsets
+
         k = K.shape[0]
         if k <= m:
             top = float(np.linalg.eigvalsh(_centered(K))[-1])
             return np.arange(k), {"max_eigenvalue": top / k}
-        subset, top, _ = kernels.min_eigen_subset(K, D2, m, TIE_RTOL)
+        subset, top, _ = subsets.min_eigen_subset(K, D2, m, TIE_RTOL)
         return subset, {"max_eigenvalue": float(top) / m}
 
 

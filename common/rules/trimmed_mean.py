@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.rules.base import Rule, load_kernels, median_bound, register_rule
+from common.rules.base import Rule, median_bound, register_rule
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,4 +30,6 @@ class TrimmedMean(Rule):
     precondition = staticmethod(lambda n, q: q <= median_bound(n))  # n - 2q >= 1 remain
 
     def aggregate(self, G: torch.Tensor) -> np.ndarray:
-        return load_kernels().coordinate_trimmed_mean(G.numpy(), self.q)
+        from common.rules.kernels import networks
+
+        return networks.coordinate_trimmed_mean(G.numpy(), self.q)

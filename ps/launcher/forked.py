@@ -38,7 +38,9 @@ from ps.launcher.processes import ManagedProcess, child_environment, die_with_pa
 ROLE_MODULES = ("server.cli", "ps.proxy.cli", "worker.cli")
 # what the roles import lazily once they run, loaded before forking so no child repeats it
 RUNTIME_MODULES = ("torch", "zmq", "server.node", "ps.proxy.node", "worker.run",
-                   "worker.evaluator", "common.rules.kernels", "common.model_init")
+                   "worker.evaluator", "common.rules.kernels.networks",
+                   "common.rules.kernels.gram", "common.rules.kernels.reductions",
+                   "common.rules.kernels.subsets", "common.model_init")
 POLL_S = 0.01
 PR_SET_NAME = 15
 

@@ -12,11 +12,11 @@ message and return what to send on, to the server or back to a worker. The core 
 * the per-round tallies written as metrics, and when the proxy may exit (the n ACKs
   of the last round went back).
 
-The proxy checks what a worker sends exactly as the server would before it corrupts or
-holds anything, and answers what the server would refuse itself: an undecodable
-message, a key pushing as another worker (``check_claim``), a worker id outside
-0..n-1, a round outside the run, a payload whose length is not the shard's. It holds
-pushes only of the rounds the server can take next (its current round and the one
+The proxy checks what a worker sends exactly as the server would (``common.pushes``)
+before it corrupts or holds anything, and answers what the server would refuse
+itself: an undecodable message, a key pushing as another worker (``check_claim``), a
+worker id outside 0..n-1, a round outside the run, a payload whose length is not the
+shard's. It holds pushes only of the rounds the server can take next (its current round and the one
 after, as the replies going back tell, an ERROR's round even when it goes back);
 older rounds go to the server uncorrupted (it answers them, as repeats or stale).
 Every table is bounded: held pushes by those two rounds, the reply routes by
@@ -48,6 +48,7 @@ from common.protocol import (
     Ack,
     Error,
     ErrorCode,
+    Header,
     Message,
     Params,
     Pull,
@@ -57,6 +58,7 @@ from common.protocol import (
     encode,
     join_envelope,
 )
+from common.pushes import PushWindow, check_push
 from ps.proxy.corruption import ShardCorruptor
 from server.sessions import check_claim
 
@@ -119,6 +121,12 @@ class ProxyCore:
         self.last_round_replied: float | None = None  # when a reply of the last round came
         self.shard = welcome.shard
         self.peers = PeerPolicy(self.counters, log, on_bar)
+        # what a message of each type becomes (any other: relayed as it is)
+        self._from_worker: dict[type[Header], Callable[[Incoming, Message], list[Outgoing]]] = {
+            Pull: self._on_pull, Push: self._on_push}
+        self._from_server: dict[type[Header],
+                                Callable[[Incoming, Message, float], list[Outgoing]]] = {
+            Error: self._on_error, Ack: self._on_ack, Params: self._on_params}
 
     def done(self, now: float) -> bool:
         """The replies of the last round went back: all n ACKs, or (a round deadline:
@@ -148,14 +156,10 @@ class ProxyCore:
                     self.peers.bar(identity, f"sent a {incoming.error}")
                     return []
                 raise Refused(code, str(error))
-            header = msg.header
-            check_claim(identity, header, len(incoming.envelope), self.shard)
-            if isinstance(header, Pull):
-                self._route(incoming.peer, self._worker_or_none(header.worker))
-            if isinstance(header, Push):
-                self._check_push(header)
-                if header.round >= self.round:
-                    return self._on_push(incoming.envelope, incoming.peer, msg)
+            check_claim(identity, msg.header, len(incoming.envelope), self.shard)
+            handler = self._from_worker.get(type(msg.header))
+            if handler is not None:
+                return handler(incoming, msg)
             return [Outgoing(True, incoming.frames)]
         except Refused as exc:
             return self._refuse(principal, incoming.envelope, exc.code, str(exc), now)
@@ -173,27 +177,24 @@ class ProxyCore:
         else:
             self.peers.bar(identity, reason)
 
+    def _on_pull(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
+        """Relayed; the PARAMS reply goes to the worker it names."""
+        pull: Pull = msg.header  # type: ignore[assignment]
+        self._route(incoming.peer, self._worker_or_none(pull.worker))
+        return [Outgoing(True, incoming.frames)]
+
     def _worker_or_none(self, worker: int) -> int:
         """``worker`` if it names a worker of the run, else -1 (nothing is corrupted)."""
         return worker if 0 <= worker < self.cfg.num_workers else -1
 
     def _check_push(self, push: Push) -> None:
-        """Refuse, as the server would, a push it cannot accept; and rounds the proxy
+        """Refuse, as the server would, a push it cannot accept (a push of the round after
+        the last as FINISHED, the server's answer once it finished); and rounds the proxy
         would have to hold beyond the next one."""
-        n, rounds = self.cfg.num_workers, self.cfg.rounds
-        if not 0 <= push.worker < n:
-            raise Refused(ErrorCode.UNKNOWN_WORKER, f"worker {push.worker} is not in 0..{n - 1}")
-        if push.round >= rounds:
-            raise Refused(ErrorCode.FINISHED if push.round == rounds else ErrorCode.WRONG_ROUND,
-                          f"push for round {push.round}; the run has {rounds} rounds")
-        if push.round < 0:
-            raise Refused(ErrorCode.STALE_ROUND, f"push for round {push.round}")
-        if push.round > self.round + 1:
-            raise Refused(ErrorCode.WRONG_ROUND,
-                          f"push for round {push.round}, current round is {self.round}")
-        if push.length != self.shard_size:
-            raise Refused(ErrorCode.WRONG_LENGTH, f"push has {push.length} values, this "
-                          f"shard has {self.shard_size}")
+        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.shard_size,
+                            current=self.round, oldest=0, newest=self.round + 1)
+        check_push(window, push.round, push.worker, push.length,
+                   finished=push.round == self.cfg.rounds)
 
     def _route(self, peer: Peer, worker: int) -> None:
         """Remember that PARAMS for ``peer`` go to ``worker`` (bounded, oldest out)."""
@@ -211,8 +212,14 @@ class ProxyCore:
         error = Error(code=code.value, message=message[:MAX_ERROR_TEXT], round=self.round)
         return [Outgoing(False, join_envelope(envelope, encode(error)))]
 
-    def _on_push(self, envelope: list[Any], peer: Peer, msg: Message) -> list[Outgoing]:
+    def _on_push(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
+        """Checked; corrupted (or held until its round is in) if of a round the server
+        can take next, else relayed as it is."""
         push: Push = msg.header  # type: ignore[assignment]
+        self._check_push(push)
+        if push.round < self.round:
+            return [Outgoing(True, incoming.frames)]
+        envelope, peer = incoming.envelope, incoming.peer
         if push.pull_next:  # the reply will be PARAMS for this worker
             self._route(peer, push.worker)
         if self.corruptor.whole_round:
@@ -243,25 +250,39 @@ class ProxyCore:
         msg = incoming.message
         if msg is None:
             return [Outgoing(False, incoming.frames)]
-        header = msg.header
-        if isinstance(header, Error):  # the server's current round (it may have restarted)
-            self._follow(header.round, restarted=True)
-        if isinstance(header, (Ack, Params)):
-            self._follow(header.round)
-        if isinstance(header, Ack) and header.round == self.cfg.rounds - 1:
-            self.final_acks += 1
-        last_round_reply = (header.round == self.cfg.rounds - 1 if isinstance(header, Ack)
-                            else isinstance(header, Params) and header.round == self.cfg.rounds)
-        if last_round_reply:
-            self.last_round_replied = time.monotonic() if now is None else now
-        if isinstance(header, Params) and self.attack.corrupt_params:
-            worker = self.tables.puller.get(incoming.peer, -1)
-            values, changed = self.corruptor.corrupt_params(header.round, worker, msg.tensor())
-            if changed:
-                self.metrics.write({"time": time.time(), "round": header.round,
-                                    "worker": worker, "params_corrupted": changed})
-            return [Outgoing(False, join_envelope(incoming.envelope, encode(header, values)))]
+        handler = self._from_server.get(type(msg.header))
+        if handler is not None:
+            return handler(incoming, msg, time.monotonic() if now is None else now)
         return [Outgoing(False, incoming.frames)]
+
+    def _on_error(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
+        """Relayed; its round is the server's current one (it may have restarted)."""
+        self._follow(msg.header.round, restarted=True)  # type: ignore[union-attr]
+        return [Outgoing(False, incoming.frames)]
+
+    def _on_ack(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
+        """Relayed; the ACKs of the last round count towards ``done``."""
+        ack: Ack = msg.header  # type: ignore[assignment]
+        self._follow(ack.round)
+        if ack.round == self.cfg.rounds - 1:
+            self.final_acks += 1
+            self.last_round_replied = now
+        return [Outgoing(False, incoming.frames)]
+
+    def _on_params(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
+        """Relayed, corrupted for its worker with ``corrupt_params``."""
+        header: Params = msg.header  # type: ignore[assignment]
+        self._follow(header.round)
+        if header.round == self.cfg.rounds:
+            self.last_round_replied = now
+        if not self.attack.corrupt_params:
+            return [Outgoing(False, incoming.frames)]
+        worker = self.tables.puller.get(incoming.peer, -1)
+        values, changed = self.corruptor.corrupt_params(header.round, worker, msg.tensor())
+        if changed:
+            self.metrics.write({"time": time.time(), "round": header.round,
+                                "worker": worker, "params_corrupted": changed})
+        return [Outgoing(False, join_envelope(incoming.envelope, encode(header, values)))]
 
     def _follow(self, round_: int, restarted: bool = False) -> None:
         """The server is at ``round_``: forget what no push can complete any more.

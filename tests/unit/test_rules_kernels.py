@@ -1,5 +1,5 @@
-"""Unit tests of common/rules/kernels.py: networks, pruning, both kernel shapes, threads,
-the NaN convention and the Gram distances."""
+"""Unit tests of common/rules/kernels/: networks, pruning, both kernel shapes, threads,
+the NaN convention, the Gram distances and the subset searches."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.rules import kernels as K
+from common.rules.kernels import gram, subsets
+from common.rules.kernels import networks as K
+from common.rules.kernels.threads import MIN_COLUMNS_PER_THREAD
 
 HALF = np.float32(0.5)
 
@@ -118,7 +120,7 @@ def test_rows_select_and_order_the_aggregated_rows() -> None:
 def test_threaded_chunks_match_one_thread() -> None:
     threads = torch.get_num_threads()
     rng = np.random.default_rng(2)
-    X = rng.standard_normal((7, 2 * K._MIN_COLUMNS_PER_THREAD + 999)).astype(np.float32)
+    X = rng.standard_normal((7, 2 * MIN_COLUMNS_PER_THREAD + 999)).astype(np.float32)
     X[3, -1] = math.nan
     try:
         torch.set_num_threads(3)
@@ -154,10 +156,40 @@ def test_squared_distances_from_gram() -> None:
     G = torch.from_numpy(rng.standard_normal((5, 40)).astype(np.float32))
     G[1] = 3e38
     G[3, 7] = math.nan
-    D2, finite = K.squared_distances(K.gram64(G))
+    D2, finite = gram.squared_distances(gram.gram64(G))
     X = G.numpy().astype(np.float64)
     assert finite.tolist() == [True, True, True, False, True]
     for i, j in itertools.product([0, 1, 2, 4], repeat=2):
         ref = np.sum((X[i] - X[j]) ** 2)
         assert D2[i, j] == pytest.approx(ref, rel=1e-9, abs=1e-9)
     assert np.all(D2[3] == np.inf) and np.all(D2[:, 3] == np.inf)
+
+
+def _points(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 Gram matrix and squared distances of n random rows (no ties)."""
+    rng = np.random.default_rng(seed)
+    K64 = gram.gram64(torch.from_numpy(rng.standard_normal((n, 6)).astype(np.float32)))
+    return K64, gram.squared_distances(K64)[0]
+
+
+@pytest.mark.parametrize(("seed", "n", "m"), [(0, 7, 4), (1, 9, 6), (2, 8, 1), (3, 6, 6)])
+def test_subset_searches_find_what_trying_every_subset_finds(seed: int, n: int, m: int) -> None:
+    K64, D2 = _points(seed, n)
+    every = [np.array(c) for c in itertools.combinations(range(n), m)]
+    diameters = [D2[np.ix_(c, c)].max() for c in every]
+    best = every[int(np.argmin(diameters))]
+    rows, diameter, visited = subsets.min_diameter_subset(D2, m)
+    assert rows.tolist() == best.tolist() and diameter == min(diameters)
+    assert visited > 0
+    centred = [np.linalg.eigvalsh(np.cov(_rows(K64, c), rowvar=False, bias=True) * m)[-1]
+               if m > 1 else 0.0 for c in every]
+    rows, top, solved = subsets.min_eigen_subset(K64, D2, m)
+    assert rows.tolist() == every[int(np.argmin(centred))].tolist()
+    assert top == pytest.approx(min(centred), rel=1e-6, abs=1e-9) and 0 < solved <= len(every)
+
+
+def _rows(K64: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Points with Gram matrix ``K64[rows, rows]`` (any rotation: the scatter's
+    eigenvalues do not depend on it)."""
+    w, v = np.linalg.eigh(K64[np.ix_(rows, rows)])
+    return v * np.sqrt(np.maximum(w, 0.0))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.rules.base import load_kernels, median_bound
+from common.rules.base import median_bound
 from common.rules.pre.base import PreAggregator, RoundContext, register_pre
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ class ARC(PreAggregator):
         k = arc_count(self.n, self.q)
         if k == 0:
             return G
-        norms2 = load_kernels().row_sq_distances(G.numpy())
+        from common.rules.kernels import reductions
+
+        norms2 = reductions.row_sq_distances(G.numpy())
         key = np.where(np.isfinite(norms2), norms2, np.inf)
         order = np.argsort(key, kind="stable")
         threshold = math.sqrt(key[order[self.n - k - 1]])

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.rules.base import OptionSettings, RuleError, as_int, load_kernels
+from common.rules.base import OptionSettings, RuleError, as_int
 from common.rules.pre.base import PreAggregator, RoundContext, register_pre
 from common.seeding import derive_rng
 from common.settings import setting
@@ -67,4 +67,6 @@ class Bucketing(PreAggregator):
         pi = derive_rng(context.seed, STREAM, context.round, context.shard).permutation(self.n)
         self.last_info = {"permutation": pi.tolist()}
         groups = [pi[b:b + self.s] for b in range(0, self.n, self.s)]
-        return load_kernels().group_means(G.numpy(), groups)
+        from common.rules.kernels import reductions
+
+        return reductions.group_means(G.numpy(), groups)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.rules.base import load_kernels, median_bound
+from common.rules.base import median_bound
 from common.rules.pre.base import PreAggregator, RoundContext, register_pre
 
 if TYPE_CHECKING:
@@ -54,9 +54,10 @@ class NNM(PreAggregator):
     precondition = staticmethod(lambda n, q: q <= median_bound(n))
 
     def apply(self, G: torch.Tensor, context: RoundContext) -> np.ndarray:
-        kernels = load_kernels()
-        D2, finite = kernels.squared_distances(kernels.gram64(G))
+        from common.rules.kernels import gram, reductions
+
+        D2, finite = gram.squared_distances(gram.gram64(G))
         groups = neighbourhoods(D2, finite, self.n - self.q)
         if not finite.all():
             self.last_info = {"passed": np.flatnonzero(~finite).tolist()}
-        return kernels.group_means(G.numpy(), groups)
+        return reductions.group_means(G.numpy(), groups)

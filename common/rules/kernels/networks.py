@@ -30,10 +30,8 @@ column are non-finite, and the trimmed / window means stay finite while at most 
 are.  With more bad values the result may be +-inf, or NaN where +inf and -inf meet in
 a sum; below those counts it is never NaN.
 
-Large inputs are split into column chunks run on ``torch.get_num_threads()`` threads.
-
-The distance-based rules (Medoid, Krum, Multi-Krum, GeoMed, Bulyan) share the last
-section: one float64 Gram matrix ``G @ G.T`` gives all pairwise distances.
+Large inputs are split into column chunks run on ``torch.get_num_threads()`` threads
+(``threads.run_chunked``).
 """
 
 from __future__ import annotations
@@ -44,34 +42,19 @@ import importlib.util
 import os
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numba
 import numpy as np
-import torch
+
+from common.rules.kernels.threads import run_chunked
 
 REGISTER_MAX_N = 50  # first-use compile time grows fast with n: about 5 s at n = 50
 _DEAD = -1  # pruning label: the value at this position is not read
 _UNIQUE = -2  # pruning label: the exact value at this position is read
-_MIN_COLUMNS_PER_THREAD = 32768
 _SCRATCH_BYTES = 32768  # scratch tiles are sized to stay in L1
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:
-    """A forked child has none of the parent's threads: start a new pool when needed."""
-    global _pool, _pool_lock
-    _pool = None
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
 
 
 # --------------------------------------------------------------------------- networks
@@ -419,31 +402,7 @@ def generated_kernel(n: int, kind: str, m: int) -> Callable[..., None]:
     return module.kernel
 
 
-# ------------------------------------------------------------------------ dispatch
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(thread_name_prefix="rules-kernel")
-        return _pool
-
-
-def _run_chunked(kernel: Callable[..., None], args: tuple, d: int, align: int) -> np.ndarray:
-    """``kernel(*args, start, stop, out)`` over column chunks, on torch's thread count."""
-    out = np.empty(d, dtype=np.float32)
-    if d == 0:
-        return out
-    chunks = max(1, min(torch.get_num_threads(), d // _MIN_COLUMNS_PER_THREAD))
-    per_chunk = -(-d // chunks)
-    step = -(-per_chunk // align) * align  # whole tiles per chunk
-    bounds = [(s, min(s + step, d)) for s in range(0, d, step)]
-    futures = [_executor().submit(kernel, *args, s, e, out) for s, e in bounds[1:]]
-    kernel(*args, *bounds[0], out)
-    for future in futures:
-        future.result()
-    return out
+# ------------------------------------------------------------------------ the rules' entry points
 
 
 def _prepare(G: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -458,10 +417,10 @@ def coordinate_median(G: np.ndarray, rows: np.ndarray | None = None) -> np.ndarr
     G, rows = _prepare(G, rows)
     n, d = rows.shape[0], G.shape[1]
     if n <= REGISTER_MAX_N:
-        return _run_chunked(generated_kernel(n, "median", n), (G, rows), d, 64)
+        return run_chunked(generated_kernel(n, "median", n), (G, rows), d, 64)
     prog = scratch_program(n, median_labels(n))
     width = tile_width(n)
-    return _run_chunked(_scratch_median, (G, rows, prog.ops, prog.final, width), d, width)
+    return run_chunked(_scratch_median, (G, rows, prog.ops, prog.final, width), d, width)
 
 
 def coordinate_trimmed_mean(G: np.ndarray, q: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -470,11 +429,11 @@ def coordinate_trimmed_mean(G: np.ndarray, q: int, rows: np.ndarray | None = Non
     n, d = rows.shape[0], G.shape[1]
     m = n - 2 * q
     if n <= REGISTER_MAX_N:
-        return _run_chunked(generated_kernel(n, "trim", m), (G, rows), d, 64)
+        return run_chunked(generated_kernel(n, "trim", m), (G, rows), d, 64)
     prog = scratch_program(n, [0 if q <= j < n - q else _DEAD for j in range(n)])
     width = tile_width(n)
     args = (G, rows, prog.ops, prog.final, m, q, width)
-    return _run_chunked(_scratch_window, args, d, width)
+    return run_chunked(_scratch_window, args, d, width)
 
 
 def coordinate_window_mean(G: np.ndarray, m: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -485,346 +444,8 @@ def coordinate_window_mean(G: np.ndarray, m: int, rows: np.ndarray | None = None
     G, rows = _prepare(G, rows)
     n, d = rows.shape[0], G.shape[1]
     if n <= REGISTER_MAX_N:
-        return _run_chunked(generated_kernel(n, "window", m), (G, rows), d, 64)
+        return run_chunked(generated_kernel(n, "window", m), (G, rows), d, 64)
     prog = scratch_program(n, window_labels(n, m))
     width = tile_width(n)
     args = (G, rows, prog.ops, prog.final, m, -1, width)
-    return _run_chunked(_scratch_window, args, d, width)
-
-
-# --------------------------------------------------------------- Gram-matrix distances
-
-_GRAM_CHUNK = 16384  # columns per float64 block of the Gram accumulation
-
-
-def gram64(G: torch.Tensor) -> np.ndarray:
-    """``G @ G.T`` accumulated in float64 over column blocks (one BLAS pass, no overflow).
-
-    Squares of float32 values reach at most ~1.2e77, so the float64 Gram of any finite
-    row is finite; a row with a NaN or an infinity gets a non-finite diagonal entry.
-    """
-    n, d = G.shape
-    K = torch.zeros((n, n), dtype=torch.float64)
-    for s in range(0, d, _GRAM_CHUNK):
-        X = G[:, s : s + _GRAM_CHUNK].double()
-        K.addmm_(X, X.T)
-    return K.numpy()
-
-
-def squared_distances(K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairwise squared Euclidean distances from a Gram matrix, and the finite-row mask.
-
-    ``D2[i, j] = K[i, i] + K[j, j] - 2 K[i, j]``, clamped at 0 (rounding); 0 from a finite
-    row to itself.  A row holding any non-finite value is at +inf from every row, itself
-    included, so no selection ever prefers it to a finite row.
-    """
-    diag = np.diag(K).copy()
-    finite = np.isfinite(diag)
-    with np.errstate(invalid="ignore", over="ignore"):
-        D2 = diag[:, None] + diag[None, :] - 2.0 * K
-    D2 = np.maximum(D2, 0.0)
-    np.fill_diagonal(D2, 0.0)
-    D2[~finite, :] = np.inf
-    D2[:, ~finite] = np.inf
-    return D2, finite
-
-
-# ------------------------------------------- row reductions and subset searches
-#
-# Centered clipping, ARC, bucketing, NNM, MDA and SMEA (``common/rules/``,
-# ``common/rules/pre/``) need per-row norms, weighted sums of rows, means of groups of
-# rows, and an exhaustive search over the subsets of n - q rows.  Sums over columns are
-# taken over fixed blocks of ``_ROW_BLOCK`` columns, added in block order, so a result
-# never depends on the number of threads that computed it.
-
-_ROW_BLOCK = 65536  # columns per partial sum of the row norms
-
-
-@numba.njit(cache=True, nogil=True)
-def _row_sq_distance_blocks(G, v, use_v, block, b0, b1, partial):
-    """``partial[b, i] = sum_{c in block b} (G[i, c] - v[c])^2`` in float64 (v = 0 if
-    not ``use_v``), for blocks ``b0 <= b < b1``."""
-    n, d = G.shape
-    for b in range(b0, b1):
-        c0 = b * block
-        c1 = min(c0 + block, d)
-        for i in range(n):
-            row = G[i, c0:c1]
-            acc = 0.0
-            if use_v:
-                vv = v[c0:c1]
-                for c in range(c1 - c0):
-                    x = np.float64(row[c]) - np.float64(vv[c])
-                    acc += x * x
-            else:
-                for c in range(c1 - c0):
-                    x = np.float64(row[c])
-                    acc += x * x
-            partial[b, i] = acc
-
-
-def row_sq_distances(G: np.ndarray, v: np.ndarray | None = None) -> np.ndarray:
-    """``||G[i] - v||^2`` for every row (``v`` None: the squared norms), in float64.
-
-    A row holding a NaN or an infinity gets a non-finite value; a finite float32 row
-    never overflows (at most ~1.2e77 per value).  Deterministic whatever the thread count.
-    """
-    G = np.ascontiguousarray(G, dtype=np.float32)
-    n, d = G.shape
-    use_v = v is not None
-    vv = np.ascontiguousarray(v, dtype=np.float32) if use_v else np.zeros(1, dtype=np.float32)
-    blocks = max(1, -(-d // _ROW_BLOCK))
-    partial = np.zeros((blocks, n), dtype=np.float64)
-    threads = max(1, min(torch.get_num_threads(), d // _MIN_COLUMNS_PER_THREAD, blocks))
-    per = -(-blocks // threads)
-    ranges = [(b, min(b + per, blocks)) for b in range(0, blocks, per)]
-    args = (G, vv, use_v, _ROW_BLOCK)
-    futures = [_executor().submit(_row_sq_distance_blocks, *args, b0, b1, partial)
-               for b0, b1 in ranges[1:]]
-    _row_sq_distance_blocks(*args, *ranges[0], partial)
-    for future in futures:
-        future.result()
-    out = np.zeros(n, dtype=np.float64)
-    for b in range(blocks):  # in block order, whatever the threads
-        out += partial[b]
-    return out
-
-
-_TILE = 1024  # columns of the float64 accumulators kept in L1 by the row kernels
-
-
-@numba.njit(cache=True, nogil=True)
-def _shift_kernel(G, v, rows, w, start, stop, out):
-    """``out[c] = v[c] + sum_k w[k] (G[rows[k], c] - v[c])`` in float64, for start <= c < stop."""
-    acc = np.empty(_TILE, dtype=np.float64)
-    total = 0.0
-    for k in range(rows.shape[0]):
-        total += w[k]
-    for c0 in range(start, stop, _TILE):
-        width = min(_TILE, stop - c0)
-        vv = v[c0:c0 + width]
-        for c in range(width):
-            acc[c] = 0.0
-        for k in range(rows.shape[0]):
-            src = G[rows[k], c0:c0 + width]
-            wk = w[k]
-            for c in range(width):
-                acc[c] += wk * np.float64(src[c])
-        o = out[c0:c0 + width]
-        for c in range(width):
-            x = np.float64(vv[c])
-            o[c] = np.float32(x + (acc[c] - total * x))
-
-
-def weighted_shift(G: np.ndarray, v: np.ndarray, rows: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``v + sum_k w[k] (G[rows[k]] - v)`` as float32, accumulated in float64; only the
-    listed rows are read (a row left out may hold anything)."""
-    G = np.ascontiguousarray(G, dtype=np.float32)
-    v = np.ascontiguousarray(v, dtype=np.float32)
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    w = np.ascontiguousarray(w, dtype=np.float64)
-    return _run_chunked(_shift_kernel, (G, v, rows, w), G.shape[1], 64)
-
-
-@numba.njit(cache=True, nogil=True)
-def _group_means_kernel(G, members, offsets, start, stop, out):
-    """``out[b, c]`` = mean over ``members[offsets[b]:offsets[b+1]]`` of ``G[r, c]``,
-    accumulated in float64, for start <= c < stop, one L1-sized tile of columns at a
-    time (a tile of G is read from memory once, whatever the groups)."""
-    acc = np.empty(_TILE, dtype=np.float64)
-    for c0 in range(start, stop, _TILE):
-        width = min(_TILE, stop - c0)
-        for b in range(offsets.shape[0] - 1):
-            for c in range(width):
-                acc[c] = 0.0
-            for k in range(offsets[b], offsets[b + 1]):
-                src = G[members[k], c0:c0 + width]
-                for c in range(width):
-                    acc[c] += np.float64(src[c])
-            inv = 1.0 / (offsets[b + 1] - offsets[b])
-            o = out[b, c0:c0 + width]
-            for c in range(width):
-                o[c] = np.float32(acc[c] * inv)
-
-
-def group_means(G: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
-    """A (len(groups), d) float32 matrix: row b is the mean of the rows ``groups[b]`` of
-    ``G`` (each non-empty), summed in float64 in the order given."""
-    G = np.ascontiguousarray(G, dtype=np.float32)
-    d = G.shape[1]
-    members = np.ascontiguousarray(np.concatenate(groups), dtype=np.int64)
-    offsets = np.zeros(len(groups) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(g) for g in groups])
-    out = np.empty((len(groups), d), dtype=np.float32)
-    if d == 0:
-        return out
-    chunks = max(1, min(torch.get_num_threads(), d // _MIN_COLUMNS_PER_THREAD))
-    per_chunk = -(-d // chunks)
-    step = -(-per_chunk // 64) * 64  # whole 64-column tiles per chunk
-    bounds = [(s, min(s + step, d)) for s in range(0, d, step)]
-    args = (G, members, offsets)
-    futures = [_executor().submit(_group_means_kernel, *args, s, e, out) for s, e in bounds[1:]]
-    _group_means_kernel(*args, *bounds[0], out)
-    for future in futures:
-        future.result()
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _min_diameter_subset(D2, m):
-    """The first subset (in lexicographic order) of ``m`` of the rows of ``D2`` whose
-    largest pairwise value is smallest, by depth-first search with pruning: a partial
-    subset whose diameter already reaches the best is not extended."""
-    k = D2.shape[0]
-    best = np.inf
-    best_set = np.arange(m)
-    idx = np.empty(m, dtype=np.int64)
-    diam = np.zeros(m + 1)
-    visited = 0
-    t = 0
-    idx[0] = -1
-    while t >= 0:
-        idx[t] += 1
-        if idx[t] > k - (m - t):
-            t -= 1
-            continue
-        visited += 1
-        c = idx[t]
-        dd = diam[t]
-        for u in range(t):
-            x = D2[idx[u], c]
-            if x > dd:
-                dd = x
-        if dd >= best:  # no completion can be strictly better
-            continue
-        if t == m - 1:
-            best = dd
-            best_set[:] = idx
-            continue
-        diam[t + 1] = dd
-        t += 1
-        idx[t] = idx[t - 1]
-    return best_set, best, visited
-
-
-def min_diameter_subset(D2: np.ndarray, m: int) -> tuple[np.ndarray, float, int]:
-    """(rows, squared diameter, search nodes visited) of the first subset of ``m`` rows
-    in lexicographic order with the smallest diameter; ``D2`` finite squared distances."""
-    return _min_diameter_subset(np.ascontiguousarray(D2, dtype=np.float64), int(m))
-
-
-@numba.njit(cache=True, nogil=True)
-def _centered_gram(K, idx, C):
-    """``C`` = the centered Gram matrix H K[idx, idx] H of the rows ``idx`` (H = I - 11^T/m):
-    its eigenvalues are those of their scatter matrix sum_i (x_i - mean)(x_i - mean)^T."""
-    m = idx.shape[0]
-    total = 0.0
-    for a in range(m):
-        s = 0.0
-        for b in range(m):
-            C[a, b] = K[idx[a], idx[b]]
-            s += C[a, b]
-        total += s
-    total /= m * m
-    for a in range(m):
-        s = 0.0
-        for b in range(m):
-            s += C[a, b]
-        ra = s / m
-        for b in range(m):
-            C[a, b] -= ra
-    for b in range(m):
-        s = 0.0
-        for a in range(m):
-            s += C[a, b]
-        rb = s / m - total
-        for a in range(m):
-            C[a, b] -= rb + total
-    for a in range(m):  # exactly symmetric for the eigensolver
-        for b in range(a):
-            x = 0.5 * (C[a, b] + C[b, a])
-            C[a, b] = x
-            C[b, a] = x
-
-
-@numba.njit(cache=True, nogil=True)
-def _all_below(C, bound, L):
-    """Whether every eigenvalue of the symmetric ``C`` is below ``bound``: a Cholesky
-    factorisation of bound*I - C (in ``L``) succeeds. Far cheaper than the eigenvalues."""
-    m = C.shape[0]
-    for j in range(m):
-        s = bound - C[j, j]
-        for k in range(j):
-            s -= L[j, k] * L[j, k]
-        if not s > 0.0:
-            return False
-        ljj = np.sqrt(s)
-        L[j, j] = ljj
-        for i in range(j + 1, m):
-            t = -C[i, j]
-            for k in range(j):
-                t -= L[i, k] * L[j, k]
-            L[i, j] = t / ljj
-    return True
-
-
-@numba.njit(cache=True, nogil=True)
-def _min_eigen_subset(K, D2, m, rtol):
-    """The first subset (lexicographic order) of ``m`` rows whose scatter matrix has the
-    smallest largest eigenvalue, by depth-first search; a subset replaces the best one
-    only if its eigenvalue is below ``best - rtol * |best|`` (within that margin the two
-    tie, and the earlier wins).  Pruning: for rows i, j of a partial subset P,
-    lambda_max(scatter(P)) >= ||x_i - x_j||^2 / 2, and the scatter only grows (in the PSD
-    order) as rows are added, so a partial subset whose bound reaches that bar is not
-    extended; a complete one is first tested with a Cholesky factorisation (is every
-    eigenvalue below the bar?) and only then solved."""
-    k = K.shape[0]
-    best = np.inf
-    bar = np.inf
-    best_set = np.arange(m)
-    idx = np.empty(m, dtype=np.int64)
-    diam = np.zeros(m + 1)
-    C = np.empty((m, m))
-    L = np.empty((m, m))
-    solved = 0
-    t = 0
-    idx[0] = -1
-    while t >= 0:
-        idx[t] += 1
-        if idx[t] > k - (m - t):
-            t -= 1
-            continue
-        c = idx[t]
-        dd = diam[t]
-        for u in range(t):
-            x = D2[idx[u], c]
-            if x > dd:
-                dd = x
-        if 0.5 * dd >= bar:
-            continue
-        if t == m - 1:
-            _centered_gram(K, idx, C)
-            if bar < np.inf and not _all_below(C, bar, L):
-                continue
-            solved += 1
-            lam = np.linalg.eigvalsh(C)[m - 1]
-            if lam < bar:
-                best = lam
-                bar = best - rtol * abs(best)
-                best_set[:] = idx
-            continue
-        diam[t + 1] = dd
-        t += 1
-        idx[t] = idx[t - 1]
-    return best_set, best, solved
-
-
-def min_eigen_subset(K: np.ndarray, D2: np.ndarray, m: int,
-                     rtol: float = 0.0) -> tuple[np.ndarray, float, int]:
-    """(rows, largest eigenvalue of their scatter matrix, eigenproblems solved) of
-    the first subset of ``m`` rows in lexicographic order minimising that eigenvalue, a
-    later subset replacing the best only if below it by more than ``rtol`` of it; ``K``
-    the rows' (finite) Gram matrix and ``D2`` their squared distances."""
-    return _min_eigen_subset(np.ascontiguousarray(K, dtype=np.float64),
-                             np.ascontiguousarray(D2, dtype=np.float64), int(m),
-                             float(rtol))
+    return run_chunked(_scratch_window, args, d, width)
