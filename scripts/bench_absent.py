@@ -26,8 +26,9 @@ import click
 from common.config import AttackConfig, RunConfig
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
-from ps.launcher.cluster import BackgroundRun, Cluster, ClusterResult, ClusterSpec
+from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
+from ps.launcher.report import ClusterResult
 from server.options import ServerOptions
 from worker.options import ClientOptions
 

@@ -32,9 +32,10 @@ import click
 
 from common.config import AttackConfig, RunConfig
 from common.keys import SecurityOptions
-from ps.launcher.cluster import Cluster, ClusterSpec, Progress
+from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
+from ps.launcher.report import Progress
 from worker.options import ClientOptions
 
 RELAY = Path(__file__).resolve().parent / "delay_relay.py"

@@ -103,9 +103,10 @@ from common.protocol import (
     encode,
 )
 from common.transport import configure, connect_dealer, largest_message
-from ps.launcher.cluster import BackgroundRun, Cluster, ClusterResult, ClusterSpec
+from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import die_with_parent
+from ps.launcher.report import ClusterResult
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
 from server.options import ServerOptions
@@ -757,7 +758,8 @@ class Attack:
 
 class ChaosCluster(Cluster):
     """The launcher's cluster, starting only the honest workers 0..h-1 (the others'
-    keys are the attackers'); no worker may be lost (the quorum is all h of them)."""
+    keys are the attackers'); no worker may be lost (the quorum is all h of them, so
+    the supervisor has no spare worker)."""
 
     def __init__(self, spec: ClusterSpec, honest: int) -> None:
         super().__init__(spec)
@@ -766,9 +768,6 @@ class ChaosCluster(Cluster):
     def _start_workers(self, endpoints: list[str]) -> None:
         for i in range(self.honest):
             self._child(f"worker-{i}", "worker.cli", self.worker_argv(i, endpoints))
-
-    def _can_lose(self, name: str, code: int) -> bool:
-        return False
 
 
 @click.command(context_settings={"show_default": True})
@@ -952,7 +951,7 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
     result = run.join()
     crashes = [p.name for p in cluster.processes
                if p.returncode not in (0, None)]
-    crashes += [f"{r['process']} (restarted)" for r in cluster.restarts]
+    crashes += [f"{r['process']} (restarted)" for r in cluster.supervisor.restarts]
     if isinstance(result, BaseException):  # the honest run did not finish
         crashes.append((str(result).splitlines() or [repr(result)])[0][:300])
     reference, replayed = None, None

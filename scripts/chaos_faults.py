@@ -28,8 +28,9 @@ from common.data import load_dataset
 from common.keys import SecurityOptions
 from common.metrics import read_jsonl
 from common.process import pin_torch_threads
-from ps.launcher.cluster import BackgroundRun, Cluster, ClusterResult, ClusterSpec
+from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
+from ps.launcher.report import ClusterResult
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
 from server.options import ServerOptions

@@ -3,15 +3,17 @@
 Servers bind free loopback ports (``tcp://HOST:*``) and write the endpoint
 they got to a ready file; the launcher waits for those files (with a
 deadline, watching that nobody died), starts the proxies the same way, then
-the workers and the evaluator. While the run goes it shows the round, the
-rounds per second and the latest accuracy.
+the workers and the evaluator. ``Cluster`` does that start order and knows how to
+start each process again; ``ps.launcher.supervise`` watches the run (restarts, lost
+workers, the quorum) and ``ps.launcher.report`` reports it (the progress line's
+figures, the result, ``summary.json``).
 
-It supervises: a process that dies unexpectedly (killed, crashed; not a configuration
-error) is started again with the same settings, up to ``--max-restarts`` times each: a
-server on the same endpoint with ``--resume`` from its checkpoint (the workers replay
-what it lost), a proxy on the same endpoint, a worker that rejoins at the servers'
-round. Past that, or on Ctrl-C, it stops everything, naming the process with its last
-log lines. Children get SIGTERM if the launcher itself dies, so servers save their
+A process that dies unexpectedly (killed, crashed; not a configuration error) is
+started again with the same settings, up to ``--max-restarts`` times each: a server on
+the same endpoint with ``--resume`` from its checkpoint (the workers replay what it
+lost), a proxy on the same endpoint, a worker that rejoins at the servers' round.
+Past that, or on Ctrl-C, it stops everything, naming the process with its last log
+lines. Children get SIGTERM if the launcher itself dies, so servers save their
 checkpoints and ``ps-cluster --resume OUT_DIR`` can continue the run. Whatever the end,
 ``summary.json`` says how it ended and why; logs and metrics stay in the output
 directory.
@@ -28,30 +30,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from common.config import AttackConfig, RunConfig, write_run_config
-from common.errors import (
-    EXIT_CONFIG,
-    EXIT_INTERRUPTED,
-    EXIT_PEER,
-    EXIT_TIMEOUT,
-    ClusterTimeout,
-    ConfigError,
-    PSError,
-)
+from common.errors import ClusterTimeout, ConfigError
 from common.keys import SecurityOptions, create_keys
-from common.metrics import read_jsonl
 from common.process import ProcessOptions, check_stop
 from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER
 from ps.launcher.argv import child_argv
 from ps.launcher.forked import ForkedProcess, prepare
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
+from ps.launcher.report import ClusterResult, Progress, RunReport, read_progress
+from ps.launcher.supervise import Supervisor, raise_if_failed
 from ps.proxy.options import ProxyOptions
-from server.checkpoint import final_parameters, params_digest
+from server.checkpoint import final_parameters
 from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
 
@@ -59,32 +51,12 @@ log = logging.getLogger("ps.cluster")
 
 READY_TIMEOUT_S = 180.0
 COMMAND_FILE = "command.json"  # the run's ps-cluster flags, for --resume
-WATCH_INTERVAL_S = 0.5
 CHILD_ENV = {
     # one compute thread per process: many processes share few cores
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-class ProcessFailed(PSError):
-    """A process of the cluster failed for good: its exit code if a documented one
-    (2 configuration, 3 peer, 4 timeout), else 3 (it crashed or was killed)."""
-
-    def __init__(self, name: str, code: int, tail: list[str], restarts: int = 0) -> None:
-        lines = "\n".join(f"    {line}" for line in tail)
-        again = f" (after {restarts} restarts)" if restarts else ""
-        self.reason = f"{name} exited with code {code}{again}"
-        super().__init__(f"{self.reason}; its last log lines:\n{lines}")
-        self.exit_code = code if code in (EXIT_CONFIG, EXIT_PEER, EXIT_TIMEOUT) else EXIT_PEER
-        self.name = name
-
-
-def restartable(code: int) -> bool:
-    """A process that ended with ``code`` may succeed if started again: it was killed or
-    crashed, not refused its settings (those would be refused again)."""
-    return code not in (0, EXIT_CONFIG)
 
 
 @dataclass
@@ -102,35 +74,11 @@ class ClusterSpec:
     security: SecurityOptions = field(default_factory=SecurityOptions)
 
 
-@dataclass
-class Progress:
-    """What the launcher knows about the run so far (from the metrics files)."""
-
-    round: int = 0
-    rounds_per_s: float = 0.0  # timed_rounds / span_s
-    timed_rounds: int = 0  # rounds ended after server 0's first one (start-up excluded)
-    span_s: float = 0.0  # from the end of that first round to the end of the last
-    restarts: int = 0
-    eval_round: int | None = None
-    top1: float | None = None
-    top3: float | None = None
-    loss: float | None = None
-
-
-@dataclass
-class ClusterResult:
-    """Outcome of a finished cluster run."""
-
-    out_dir: Path
-    seconds: float
-    progress: Progress
-    params: np.ndarray
-    digest: str
-    evaluations: list[dict] = field(default_factory=list)
-
-
 class Cluster:
-    """Starts, watches and stops the processes of one run."""
+    """Starts the processes of one run in order (servers, proxies, workers, the
+    evaluator), each with the argv its role takes; its :class:`Supervisor` watches them
+    and its :class:`RunReport` reports the run. ``processes``: the children, restarted
+    ones in place of those they replace."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
@@ -138,13 +86,12 @@ class Cluster:
         self.run_dir = self.out / "run"
         self.logs = self.out / "logs"
         self.processes: list[ManagedProcess] = []
-        self.started = 0.0
         self.security = spec.security
         self.endpoints: dict[str, str] = {}  # where each server and proxy listens
         self.modules: dict[str, str] = {}
-        self.restarts: list[dict[str, Any]] = []
-        self.lost: list[str] = []  # workers given up on; the quorum goes on without them
-        self.startup: dict[str, Any] = {}  # where the start-up time went (summary.json)
+        self.supervisor = Supervisor(self.processes, self._respawn, spec.cluster,
+                                     quorum=spec.server.rows_needed(spec.cfg))
+        self.report = RunReport(self.out, spec.cfg.rounds)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -156,34 +103,36 @@ class Cluster:
         write_run_config(self.out, self.spec.cfg, self.spec.attack)
         (self.out / COMMAND_FILE).write_text(json.dumps(self.command_argv()) + "\n",
                                              encoding="utf-8")
-        self.started = time.monotonic()
-        launched = time.time()
+        report, supervisor = self.report, self.supervisor
+        report.begin()
         try:
             check_launchable(self.spec)
             self.security = self._keys()
             if self.spec.cluster.start == "fork":
-                self.startup["prepare"] = prepare(
+                report.startup["prepare"] = prepare(
                     self.spec.cfg, self.spec.client.data_dir,
                     self.spec.process.torch_threads).as_dict()
             servers = self._start_servers()
-            self.startup["servers_ready_s"] = round(time.time() - launched, 3)
+            report.mark("servers_ready_s")
             fronts = self._start_proxies(servers)
             self._start_workers(fronts)
             if not self.spec.cluster.no_evaluator:
                 self._start_evaluator(servers)
-            self.startup["all_started_s"] = round(time.time() - launched, 3)
-            self.startup["launched_at"] = launched
-            self._watch(on_progress)
+            report.mark("all_started_s")
+            supervisor.watch(report.started, None if on_progress is None else
+                             lambda: on_progress(self.progress()))
             stop_all(self.processes)
-            return self._result()
+            # each shard's checkpoint, checked with its server's key (unkeyed: --insecure)
+            params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"))
+            return report.finished(params, supervisor.restarts, supervisor.lost)
         except BaseException as exc:
             stop_all(self.processes)
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            self._write_summary(_outcome(exc),
-                                reason=getattr(exc, "reason", str(exc).split("\n")[0]),
-                                exit_code=EXIT_INTERRUPTED if interrupted
-                                else getattr(exc, "exit_code", EXIT_PEER))
+            report.failed(exc, supervisor.restarts, supervisor.lost)
             raise
+
+    def progress(self) -> Progress:
+        """Current progress read from server 0's and the evaluator's metrics."""
+        return read_progress(self.out, len(self.supervisor.restarts))
 
     def _keys(self) -> SecurityOptions:
         """What the children use: the given keys, none (--insecure), or keys generated
@@ -205,9 +154,10 @@ class Cluster:
         self.modules[name] = module
         return process
 
-    def _restart(self, index: int, code: int) -> None:
-        """Start process ``index`` again (it exited with ``code``), on its old endpoint."""
-        old = self.processes[index]
+    def _respawn(self, old: ManagedProcess) -> ManagedProcess:
+        """Start process ``old`` again with its settings: a server on its endpoint with
+        ``--resume``, a proxy on its endpoint, a worker or the evaluator to the same
+        endpoints."""
         role, _, number = old.name.partition("-")
         if role == "server":
             args = self.server_argv(int(number), None, bind=self.endpoints[old.name],
@@ -223,11 +173,7 @@ class Cluster:
                                         for s in range(self.spec.cfg.num_shards)])
         process = self._new_process(old.name, self.modules[old.name], args, old.log_path)
         process.start()
-        self.processes[index] = process
-        seconds = round(time.monotonic() - self.started, 1)
-        self.restarts.append({"process": old.name, "exit_code": code, "after_s": seconds})
-        log.warning("%s exited with code %d; restarted it (restart %d of %d)", old.name, code,
-                    self._restarts_of(old.name), self.spec.cluster.max_restarts)
+        return process
 
     def _new_process(self, name: str, module: str, args: list[str],
                      log_path: Path) -> ManagedProcess:
@@ -236,9 +182,6 @@ class Cluster:
         kind = ForkedProcess if self.spec.cluster.start == "fork" else ManagedProcess
         return kind(name=name, argv=[sys.executable, "-m", module, *args],
                     log_path=log_path, env=CHILD_ENV)
-
-    def _restarts_of(self, name: str) -> int:
-        return sum(r["process"] == name for r in self.restarts)
 
     def _fronts(self) -> list[str]:
         """The endpoint of each shard that workers use (its proxy's, if it has one)."""
@@ -329,146 +272,13 @@ class Cluster:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             check_stop()
-            self._raise_if_failed()
+            raise_if_failed(self.processes)
             if all(f.exists() for f in ready_files):
                 return [f.read_text(encoding="utf-8").strip() for f in ready_files]
             if time.monotonic() > deadline:
                 missing = [f.name for f in ready_files if not f.exists()]
                 raise ClusterTimeout(f"not ready after {READY_TIMEOUT_S:g} s: {missing}")
             time.sleep(0.05)
-
-    def _watch(self, on_progress: Callable[[Progress], None] | None) -> None:
-        """Until every process exited 0, restarting those that died (within their
-        restarts); raise when one failed for good, or at the run deadline."""
-        limit = self.spec.cluster.run_timeout_s
-        while True:
-            check_stop()
-            self._supervise()
-            if all(p.returncode == 0 or p.name in self.lost for p in self.processes):
-                return
-            if limit is not None and time.monotonic() - self.started > limit:
-                raise ClusterTimeout(
-                    f"the run did not finish within {limit:g} s; still running: "
-                    + ", ".join(p.name for p in self.processes if p.running)
-                )
-            if on_progress is not None:
-                on_progress(self.progress())
-            time.sleep(WATCH_INTERVAL_S)
-
-    def _raise_if_failed(self) -> None:
-        for p in self.processes:
-            code = p.returncode
-            if code not in (None, 0):
-                raise ProcessFailed(p.name, code, p.tail())
-
-    def _supervise(self) -> None:
-        """Restart each process that died and may be restarted; raise for one that may not."""
-        for index, p in enumerate(self.processes):
-            code = p.returncode
-            if code in (None, 0) or p.name in self.lost:
-                continue
-            if restartable(code) and self._restarts_of(p.name) < self.spec.cluster.max_restarts:
-                self._restart(index, code)
-            elif self._can_lose(p.name, code):
-                self.lost.append(p.name)
-                log.warning("%s exited with code %d and is not restarted; the rounds go on "
-                            "without it (quorum %d)", p.name, code, self._quorum())
-            else:
-                raise ProcessFailed(p.name, code, p.tail(), self._restarts_of(p.name))
-
-    def _quorum(self) -> int:
-        return self.spec.server.rows_needed(self.spec.cfg)
-
-    def _can_lose(self, name: str, code: int) -> bool:
-        """Worker ``name`` died for good and the servers' quorum does without it."""
-        spare = self.spec.cfg.num_workers - self._quorum()
-        lost_workers = sum(n.startswith("worker-") for n in self.lost)
-        return name.startswith("worker-") and restartable(code) and lost_workers < spare
-
-    # -- results -----------------------------------------------------------------
-
-    def progress(self) -> Progress:
-        """Current progress read from server 0's and the evaluator's metrics."""
-        rounds = read_jsonl(self.out / "server-0.jsonl")
-        progress = Progress(restarts=len(self.restarts))
-        if rounds:
-            progress.round = rounds[-1]["round"] + 1
-            if len(rounds) > 1:
-                span = rounds[-1]["time"] - rounds[0]["time"]
-                progress.timed_rounds, progress.span_s = len(rounds) - 1, span
-                progress.rounds_per_s = (len(rounds) - 1) / span if span > 0 else 0.0
-        evals = read_jsonl(self.out / "evaluator.jsonl")
-        if evals:
-            last = evals[-1]
-            progress.eval_round = last["round"]
-            progress.top1, progress.top3, progress.loss = last["top1"], last["top3"], last["loss"]
-        return progress
-
-    def _result(self) -> ClusterResult:
-        # each shard's checkpoint, checked with its server's key (unkeyed: --insecure)
-        params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"))
-        result = ClusterResult(
-            out_dir=self.out,
-            seconds=time.monotonic() - self.started,
-            progress=self.progress(),
-            params=params,
-            digest=params_digest(params),
-            evaluations=read_jsonl(self.out / "evaluator.jsonl"),
-        )
-        self._write_summary("finished", reason="", exit_code=0, **{
-            "rounds_per_s": result.progress.rounds_per_s,
-            "final_top1": result.progress.top1,
-            "final_top3": result.progress.top3,
-            "final_loss": result.progress.loss,
-            "params_sha256": result.digest,
-            "params_finite": bool(np.isfinite(params).all()),
-        })
-        return result
-
-    def _write_summary(self, outcome: str, reason: str, exit_code: int,
-                       **extra: Any) -> None:
-        """``summary.json``: how the run ended and why, its restarts and figures."""
-        closed_short = sum(bool(r.get("missing")) for r in read_jsonl(self.out / "server-0.jsonl"))
-        summary = {
-            "outcome": outcome,
-            "reason": reason,
-            "exit_code": exit_code,
-            "seconds": round(time.monotonic() - self.started, 2) if self.started else 0.0,
-            "rounds": self.spec.cfg.rounds,
-            "rounds_done": self.progress().round,
-            "restarts": self.restarts,
-            "lost": self.lost,
-            "rounds_closed_at_deadline_shard0": closed_short,
-            "startup": self._startup_figures(),
-            **extra,
-        }
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n",
-                                               encoding="utf-8")
-
-
-    def _startup_figures(self) -> dict[str, Any]:
-        """Seconds from the start of :meth:`run` to each start-up step (``prepare``: the
-        fork launcher's imports, kernels, dataset) and to the end of round 0."""
-        figures = {k: v for k, v in self.startup.items() if k != "launched_at"}
-        rounds = read_jsonl(self.out / "server-0.jsonl")
-        if rounds and "launched_at" in self.startup:
-            figures["round0_done_s"] = round(rounds[0]["time"] - self.startup["launched_at"], 3)
-        return figures
-
-
-def _outcome(exc: BaseException) -> str:
-    """A word for how a run that raised ``exc`` ended."""
-    from common.errors import Interrupted
-
-    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
-        return "interrupted"
-    if isinstance(exc, ClusterTimeout):
-        return "timeout"
-    if isinstance(exc, ConfigError):
-        return "configuration-error"
-    return "failed"
-
 
 def check_launchable(spec: ClusterSpec) -> None:
     """``ConfigError`` for settings the processes would refuse, before starting any."""

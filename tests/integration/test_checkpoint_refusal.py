@@ -16,7 +16,7 @@ from common.config import RunConfig
 from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from common.keys import KeyRing
 from common.settings import SERVER, to_argv
-from ps.launcher.cluster import restartable
+from ps.launcher.supervise import restartable
 from server.checkpoint import (
     Checkpoint,
     checkpoint_path,

@@ -12,8 +12,9 @@ import torch
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.metrics import read_jsonl
-from ps.launcher.cluster import Cluster, ClusterSpec, ProcessFailed
+from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
+from ps.launcher.supervise import ProcessFailed
 from ps.reference.engine import simulate
 from worker.options import ClientOptions, EvalOptions
 

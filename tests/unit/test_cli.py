@@ -219,15 +219,14 @@ def test_the_summary_line_says_which_span_its_time_and_rate_cover(tmp_path) -> N
     first, and the line names them, so rate x span gives the rounds it names."""
     import json
     import re
-    from types import SimpleNamespace
 
     from ps.launcher.cli import summary_line
-    from ps.launcher.cluster import Cluster, Progress
+    from ps.launcher.report import Progress, read_progress
 
     times = [8.5 + 29.3 * t / 299 for t in range(300)]
     (tmp_path / "server-0.jsonl").write_text(
         "".join(json.dumps({"round": t, "time": x}) + "\n" for t, x in enumerate(times)))
-    p = Cluster.progress(SimpleNamespace(out=tmp_path, restarts=[]))
+    p = read_progress(tmp_path)
     assert (p.round, p.timed_rounds) == (300, 299) and p.span_s == pytest.approx(29.3)
     line = summary_line(300, 37.8, p)
     assert line.startswith("done: 300 rounds in 37.8 s wall time (start-up included)")

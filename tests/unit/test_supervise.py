@@ -1,0 +1,132 @@
+"""The launcher's supervision and report, on fake processes: restarts, lost workers
+against the quorum, failures for good, the run deadline, ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from common.errors import EXIT_CONFIG, EXIT_PEER, ClusterTimeout
+from ps.launcher.options import ClusterOptions
+from ps.launcher.report import RunReport
+from ps.launcher.supervise import ProcessFailed, Supervisor
+
+
+@dataclass
+class FakeProcess:
+    """A child that has exited with ``returncode`` (None: still running)."""
+
+    name: str
+    returncode: int | None = None
+    generation: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+    def tail(self) -> list[str]:
+        return [f"{self.name} last line"]
+
+
+def respawn(old: FakeProcess) -> FakeProcess:
+    return FakeProcess(old.name, None, old.generation + 1)
+
+
+def supervisor(names: list[str], max_restarts: int = 0, quorum: int = 2,
+               run_timeout_s: float | None = None) -> Supervisor:
+    options = ClusterOptions(max_restarts=max_restarts, run_timeout_s=run_timeout_s)
+    return Supervisor([FakeProcess(n) for n in names], respawn, options,  # type: ignore[arg-type]
+                      quorum=quorum)
+
+
+def test_a_crashed_process_is_restarted_in_place_until_its_restarts_are_spent() -> None:
+    s = supervisor(["server-0", "worker-0"], max_restarts=2)
+    for generation in (1, 2):
+        s.processes[0].returncode = -9
+        s.check()
+        assert s.processes[0].generation == generation and s.processes[0].running
+    assert [r["process"] for r in s.restarts] == ["server-0", "server-0"]
+    assert s.restarts[0]["exit_code"] == -9
+    s.processes[0].returncode = -9
+    with pytest.raises(ProcessFailed, match=r"server-0 exited with code -9 \(after 2 restarts\)"):
+        s.check()
+
+
+def test_a_process_refused_its_settings_is_not_restarted() -> None:
+    s = supervisor(["server-0", "worker-0"], max_restarts=3)
+    s.processes[0].returncode = EXIT_CONFIG
+    with pytest.raises(ProcessFailed) as failed:
+        s.check()
+    assert failed.value.exit_code == EXIT_CONFIG and s.restarts == []
+
+
+def test_workers_beyond_the_quorum_are_lost_and_the_run_goes_on_without_them() -> None:
+    """n = 4 started workers, K = 2: two may die for good, the third ends the run."""
+    s = supervisor(["server-0", *(f"worker-{i}" for i in range(4))], quorum=2)
+    for i in (1, 3):
+        s.processes[1 + i].returncode = -9
+        s.check()
+    assert s.lost == ["worker-1", "worker-3"]
+    s.processes[1].returncode = -9
+    with pytest.raises(ProcessFailed, match="worker-0") as failed:
+        s.check()
+    assert failed.value.exit_code == EXIT_PEER
+
+
+def test_the_spare_workers_are_counted_among_those_started() -> None:
+    """A cluster that starts only K workers has none to spare (the chaos run)."""
+    s = supervisor(["server-0", "worker-0", "worker-1"], quorum=2)
+    s.processes[1].returncode = -9
+    with pytest.raises(ProcessFailed, match="worker-0"):
+        s.check()
+
+
+def test_a_server_is_never_lost() -> None:
+    s = supervisor(["server-0", *(f"worker-{i}" for i in range(4))], quorum=2)
+    s.processes[0].returncode = -9
+    with pytest.raises(ProcessFailed, match="server-0"):
+        s.check()
+
+
+def test_watching_ends_when_every_process_finished_or_was_lost() -> None:
+    s = supervisor(["server-0", "worker-0", "worker-1"], quorum=1, run_timeout_s=2.0)
+    s.processes[0].returncode = 0
+    s.processes[1].returncode = 0
+    s.processes[2].returncode = -9
+    s.watch(started=time.monotonic())
+    assert s.lost == ["worker-1"]
+
+
+def test_watching_stops_at_the_run_deadline_naming_who_still_runs() -> None:
+    s = supervisor(["server-0", "worker-0"], run_timeout_s=1.0)
+    s.processes[0].returncode = 0
+    with pytest.raises(ClusterTimeout, match=r"still running: worker-0$"):
+        s.watch(started=0.0)  # (time.monotonic() is far past 1 s after 0)
+
+
+def test_the_summary_of_a_failed_run_names_how_why_and_the_restarts(tmp_path: Path) -> None:
+    report = RunReport(tmp_path, rounds=30)
+    report.begin()
+    report.mark("servers_ready_s")
+    (tmp_path / "server-0.jsonl").write_text("".join(
+        json.dumps({"round": t, "time": report.launched + 1 + t, **({"missing": [3]} if t
+                                                                   else {})}) + "\n"
+        for t in range(3)))
+    restarts = [{"process": "worker-2", "exit_code": -9, "after_s": 1.5}]
+    report.failed(ProcessFailed("server-1", -9, ["boom"], 1), restarts, ["worker-3"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {k: summary[k] for k in ("outcome", "reason", "exit_code", "rounds", "rounds_done",
+                                    "restarts", "lost", "rounds_closed_at_deadline_shard0")} == {
+        "outcome": "failed", "reason": "server-1 exited with code -9 (after 1 restarts)",
+        "exit_code": EXIT_PEER, "rounds": 30, "rounds_done": 3, "restarts": restarts,
+        "lost": ["worker-3"], "rounds_closed_at_deadline_shard0": 2}
+    assert list(summary["startup"]) == ["servers_ready_s"]  # round 0 once all started
+    report.mark("all_started_s")
+    report.failed(KeyboardInterrupt(), [], [])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["outcome"], summary["exit_code"]) == ("interrupted", 130)
+    assert summary["startup"]["round0_done_s"] == pytest.approx(1.0, abs=1e-3)
