@@ -69,7 +69,7 @@ def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_pa
     for i in (0, 1, 3, 4):
         assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
     assert all(processes.wait_exit(node, 60) == 0 for node in nodes)
-    assert any("catching up" in line for line in workers[3].tail(50))
+    assert any("caught up" in line for line in workers[3].tail(50))
     for s in range(CFG.num_shards):
         rounds = _rounds(tmp_path, s)
         assert [r["round"] for r in rounds] == list(range(CFG.rounds))
