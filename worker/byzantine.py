@@ -41,7 +41,9 @@ from worker.trainer import GradientComputer, Momentum
 
 
 def honest_workers(cfg: RunConfig, attack: AttackConfig) -> list[int]:
-    return [i for i in range(cfg.num_workers) if i not in attack.byzantine_workers]
+    """The workers that compute honestly: all but the Byzantine ones (none without a
+    worker attack, whatever ``--byzantine-workers`` lists)."""
+    return [i for i in range(cfg.num_workers) if not attack.is_byzantine(i)]
 
 
 def worker_attack(attack: AttackConfig) -> VectorAttack:

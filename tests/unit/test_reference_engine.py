@@ -35,3 +35,12 @@ def test_reused_honest_gradients_give_the_recomputed_rows(attack_name: str,
     assert len(recomputed_rows) == 2 * cfg.rounds  # the slow path really ran
     assert shortcut.digest == recomputed.digest
     np.testing.assert_array_equal(shortcut.params, recomputed.params)
+
+
+def test_listed_byzantine_workers_without_an_attack_compute_honestly() -> None:
+    """``--byzantine-workers`` with ``--worker-attack none`` (a grid's no-attack column):
+    every worker computes honestly, as a worker process does (``is_byzantine``)."""
+    cfg = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rounds=3, rule="meamed",
+                    q=1).validate()
+    listed = AttackConfig.build(worker_attack="none", byzantine_workers=(4,)).validate(cfg)
+    assert simulate(cfg, listed).digest == simulate(cfg, AttackConfig()).digest
