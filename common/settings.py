@@ -281,17 +281,22 @@ def from_environ(cls: type, env: Mapping[str, str], roles: Iterable[str], **fixe
 def check_ranges(instance: Any) -> None:
     """``ConfigError`` naming the flag of the first value outside its choices or range."""
     for d in declared(type(instance)):
-        value = getattr(instance, d.name)
-        if value is None:
-            continue
-        choices = d.choices
-        if choices is not None and value not in choices:
-            raise ConfigError(f"{d.flag} must be one of {', '.join(choices)}, got {value!r}")
-        low, high = d.spec.minimum, d.spec.maximum
-        for v in value if d.kind is tuple else (value,):
-            if (low is not None and v < low) or (high is not None and v > high):
-                bounds = _bounds_text(low, high)
-                raise ConfigError(f"{d.flag} must be {bounds}, got {v!r}")
+        check_value(d, getattr(instance, d.name))
+
+
+def check_value(d: Declared, value: Any, name: str | None = None) -> None:
+    """``ConfigError`` if ``value`` is outside the choices or the range of setting ``d``;
+    the message names it ``name`` (default: its flag)."""
+    if value is None:
+        return
+    name = name or d.flag
+    choices = d.choices
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    low, high = d.spec.minimum, d.spec.maximum
+    for v in value if d.kind is tuple else (value,):
+        if (low is not None and v < low) or (high is not None and v > high):
+            raise ConfigError(f"{name} must be {_bounds_text(low, high)}, got {v!r}")
 
 
 def _bounds_text(low: float | None, high: float | None) -> str:

@@ -1,4 +1,5 @@
-"""``ps-experiment``: the paper's experiments and the modern grid, cached and resumable."""
+"""``ps-experiment``: the paper's experiments, the modern grid and grids written in a
+file (``run GRID.toml``), cached and resumable."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
 from common.cli import options_for
-from common.errors import ConfigError, ReferenceMismatch
+from common.errors import EXIT_CONFIG, ConfigError, ReferenceMismatch
 from common.process import ProcessOptions, run_process
 from common.rules import RuleError
 from ps.commands import COMMANDS
@@ -30,6 +31,7 @@ from ps.experiments.grid import (
     paper_cells,
     recipe,
 )
+from ps.experiments.gridfile import INVOCATION, GridFile, load_grid, shipped
 from ps.experiments.modern import (
     MODERN_ATTACKS,
     MODERN_DEFENCES,
@@ -39,6 +41,9 @@ from ps.experiments.modern import (
     modern_cells,
 )
 from ps.experiments.report import ReportInfo
+
+if TYPE_CHECKING:
+    from ps.experiments.runner import CellRun
 
 VERIFY_FILE = "verify.json"  # the last --verify-sample results, shown in every report
 COMMAND = COMMANDS["ps-experiment"]
@@ -61,20 +66,37 @@ def main() -> None:
     defences against its newer attacks, as grids of cached cells."""
 
 
+def _decorated(function: Callable[..., None], options: list) -> Callable[..., None]:
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+OUT_OPTION = click.option(
+    "--out", "out", required=True, type=click.Path(path_type=Path),
+    help="Output directory (cells/, results.jsonl, report.md, *.png); run again to resume: "
+    "finished cells are never recomputed.")
+
+
 def grid_options(function: Callable[..., None]) -> Callable[..., None]:
-    """The options every grid takes: the run settings it does not vary, declared where
-    every command's are (``ps.commands``: --dataset, --model, --workers, --rounds,
+    """The options every built-in grid takes: the run settings it does not vary, declared
+    where every command's are (``ps.commands``: --dataset, --model, --workers, --rounds,
     --data-dir, --eval-every, --eval-samples), and where, how many seeds, which engine."""
-    options = [
-        click.option("--out", "out", required=True, type=click.Path(path_type=Path),
-                     help="Output directory (cells/, results.jsonl, report.md, *.png); run "
-                     "again to resume: finished cells are never recomputed."),
+    return _decorated(function, [
+        OUT_OPTION,
         click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
                      help="Seeds per cell (the paper: 10)."),
         options_for(COMMAND),
         click.option("--num-workers", DEPRECATED_WORKERS, default=None, hidden=True,
                      type=click.IntRange(MIN_WORKERS),
                      help="Deprecated name of --workers."),
+        engine_options,
+    ])
+
+
+def engine_options(function: Callable[..., None]) -> Callable[..., None]:
+    """How the cells run: the engine, how many at once, how many verified."""
+    return _decorated(function, [
         click.option("--engine", default="reference", show_default=True,
                      type=click.Choice(["reference", "cluster"]),
                      help="reference: the in-process engine, bit-identical to a cluster; "
@@ -85,10 +107,7 @@ def grid_options(function: Callable[..., None]) -> Callable[..., None]:
         click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
                      help="Run K randomly chosen cells through the cluster too; exit 5 if a "
                      "final parameter hash differs from the reference engine's."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+    ])
 
 
 @dataclass(frozen=True)
@@ -126,29 +145,37 @@ class GridRun:
             write: Callable[[list, ReportInfo], Path]) -> None:
         """Run (or read) every cell, verify a sample, write the outputs with ``write``;
         exit 5 if a verified cell differs."""
+        from ps.experiments.runner import CellRun
 
-        def start() -> None:
-            from ps.experiments import runner
+        execute(cells, CellRun(self.out, self.data_dir, self.eval_every, self.eval_samples,
+                               self.engine, self.jobs), self.verify_sample, metric, write)
 
-            how = runner.CellRun(self.out, self.data_dir, self.eval_every,
-                                 self.eval_samples, self.engine, self.jobs)
-            started = time.monotonic()
-            results = runner.run_cells(cells, how)
-            checked = _verification(self.out, runner.verify_sample(
-                cells, results, self.verify_sample, how) if self.verify_sample else None)
-            from ps.experiments.report import write_results
 
-            write_results(self.out, results)
-            command = shlex.join(["ps-experiment", *sys.argv[1:]])
-            report = write(results, ReportInfo(command, time.monotonic() - started, metric,
-                                               self.engine, [], checked))
-            click.echo(f"{len(results)} cells; report: {report}")
-            if checked and not all(c["same"] for c in checked):
-                differ = ", ".join(c["label"] for c in checked if not c["same"])
-                raise ReferenceMismatch("the cluster and the reference engine end "
-                                        f"differently: {differ}")
+def execute(cells: list[Cell], how: CellRun, verify_sample: int, metric: str,
+            write: Callable[[list, ReportInfo], Path]) -> None:
+    """Run (or read) every cell as ``how`` says, verify ``verify_sample`` of them through
+    the cluster, write the outputs with ``write``; exit 5 if a verified cell differs."""
 
-        run_process("experiment", ProcessOptions(out_dir=self.out), start)
+    def start() -> None:
+        from ps.experiments import runner
+
+        started = time.monotonic()
+        results = runner.run_cells(cells, how)
+        checked = _verification(how.out, runner.verify_sample(
+            cells, results, verify_sample, how) if verify_sample else None)
+        from ps.experiments.report import write_results
+
+        write_results(how.out, results)
+        command = shlex.join(["ps-experiment", *sys.argv[1:]])
+        report = write(results, ReportInfo(command, time.monotonic() - started, metric,
+                                           how.engine, [], checked))
+        click.echo(f"{len(results)} cells; report: {report}")
+        if checked and not all(c["same"] for c in checked):
+            differ = ", ".join(c["label"] for c in checked if not c["same"])
+            raise ReferenceMismatch("the cluster and the reference engine end "
+                                    f"differently: {differ}")
+
+    run_process("experiment", ProcessOptions(out_dir=how.out), start)
 
 
 @main.command(epilog=GRID_EPILOG)
@@ -231,6 +258,78 @@ def modern(defences: str, attacks: str, momenta: str, shards: int, **values: Any
                                    header(results, info), spec.grid.num_workers, checked)
 
     grid.run(cells, recipe(spec.grid.dataset).metric, write)
+
+
+class GridFileError(click.ClickException):
+    """A grid file refused before anything runs: its one line, exit 2."""
+
+    exit_code = EXIT_CONFIG
+
+
+@main.command("run")
+@click.argument("grid_file", metavar="GRID.toml", type=click.Path(path_type=Path))
+@OUT_OPTION
+@options_for(INVOCATION)
+@engine_options
+def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: int,
+             **values: Any) -> None:
+    """Run the grid written in GRID.toml: its keys are run settings (the flags without
+    "--") and seeds; a list is an axis of the product; [[exclude]] and [[only]] tables
+    drop combinations (see `ps-experiment grids` for the shipped files to copy).
+
+    Every cell is checked before any runs. Writes report.md (final accuracy per cell,
+    mean ± std over seeds; with a [report] table, a worst-case heat map and accuracy
+    curves), results.jsonl and cells/ into --out, sharing the cache of the built-in grids.
+
+    Example: ps-experiment run my-grid.toml --out experiments/mine
+    """
+    from ps.experiments.runner import CellRun
+
+    try:
+        grid = load_grid(grid_file)
+    except ConfigError as exc:
+        raise GridFileError(str(exc)) from None
+    context = click.get_current_context()
+    given = {d.name: values[d.param] for d in INVOCATION.settings()
+             if context.get_parameter_source(d.param) is not ParameterSource.DEFAULT}
+    settings = {d.name: values[d.param] for d in INVOCATION.settings()}
+    settings |= grid.invocation | given  # flag or variable > file > default
+    how = CellRun(out, settings["data_dir"], settings["eval_every"], settings["eval_samples"],
+                  engine, jobs)
+
+    def write(results: list, info: ReportInfo) -> Path:
+        from ps.experiments.filereport import write_file_report
+
+        return write_file_report(out, results, info, grid)
+
+    execute(grid.cells, how, verify_sample, _metric(grid), write)
+
+
+def _metric(grid: GridFile) -> str:
+    """The accuracy a grid reports: its datasets' recipe's (top-3 for CIFAR-10), top-1
+    where they differ."""
+    metrics = {recipe(c.run["dataset"]).metric for c in grid.cells}
+    return metrics.pop() if len(metrics) == 1 else "top1"
+
+
+@main.command()
+@click.argument("name", required=False)
+def grids(name: str | None) -> None:
+    """List the grid files shipped with the package (name, path, first line); with NAME,
+    print that file, to copy and edit:
+
+        ps-experiment grids paper > my-grid.toml
+    """
+    files = shipped()
+    if name is None:
+        for stem, path in files.items():
+            first = path.read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+            click.echo(f"{stem}\t{path}\t{first}")
+        return
+    if name not in files:
+        raise click.BadParameter(f"no shipped grid {name!r}; shipped: {', '.join(files)}",
+                                 param_hint="NAME")
+    click.echo(files[name].read_text(encoding="utf-8"), nl=False)
 
 
 def _verification(out: Path, checked: list | None) -> list | None:

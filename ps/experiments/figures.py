@@ -187,3 +187,79 @@ def draw_all(out: Path, results: list[dict[str, Any]], metric: str) -> list[Path
     paths += [p for p in (q_sweep_figure(out, results, metric),
                           batch_sweep_figure(out, results, metric)) if p is not None]
     return paths
+
+
+def _file_caption(results: list[dict[str, Any]], metric: str, axes) -> str:
+    """How a grid file's worst-case figure was made, from its results."""
+    datasets = ", ".join(sorted({r["dataset"] for r in results}))
+    seeds = len({r["seed"] for r in results})
+    return (f"{datasets}; {seeds} seed(s); worst case over {axes.worst_over} of the mean "
+            f"final {METRIC_LABELS[metric]} over seeds")
+
+
+def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
+                       results: list[dict[str, Any]]) -> Path:
+    """``worst-case.png``: rows x columns of a grid file's ``[report]``, each square the
+    worst case over ``worst_over`` (ByzFL's heat map), one panel per value of the other
+    axes; the value and what gives it written in each square."""
+    plt = pyplot()
+    panels = list(cases.items())
+    rows = list(dict.fromkeys(r for _, table in panels for r, _ in table))
+    columns = list(dict.fromkeys(c for _, table in panels for _, c in table))
+    fig, grid = plt.subplots(1, len(panels), squeeze=False, constrained_layout=True,
+                             figsize=(1.3 * len(columns) * len(panels) + 2.8,
+                                      0.55 * len(rows) + 2.0))
+    image = None
+    for ax, (panel, table) in zip(grid[0], panels, strict=True):
+        values = np.array([[table[(r, c)].mean if (r, c) in table else np.nan
+                            for c in columns] for r in rows])
+        image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            case = table.get((rows[i], columns[j]))
+            text = "-" if case is None else (
+                "NaN" if not np.isfinite(v) else f"{v:.2f}") + f"\n{case.where}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="black" if v > 0.6 else "white")
+        ax.set_xticks(range(len(columns)), columns, rotation=35, ha="right")
+        ax.set_yticks(range(len(rows)), rows)
+        ax.grid(False)
+        ax.set_xlabel(axes.columns)
+        ax.set_ylabel(axes.rows)
+        ax.set_title(", ".join(f"{a} = {v}" for a, v in zip(others, panel, strict=True)))
+    fig.colorbar(image, ax=grid[0].tolist(), label=f"worst final {METRIC_LABELS[metric]}")
+    fig.suptitle(_file_caption(results, metric, axes), fontsize=9)
+    return save(fig, out / "worst-case.png")
+
+
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+
+
+def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
+                      results: list[dict[str, Any]]) -> Path:
+    """``worst-curves.png``: accuracy against rounds of each row at its worst case, one
+    panel per column (and value of the other axes); the band spans the seeds."""
+    plt = pyplot()
+    panels = [(panel, column, {r: case for (r, c), case in table.items() if c == column})
+              for panel, table in cases.items()
+              for column in dict.fromkeys(c for _, c in table)]
+    rows = list(dict.fromkeys(r for _, _, lines in panels for r in lines))
+    fig, grid = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4), squeeze=False)
+    for ax, (panel, column, lines) in zip(grid[0], panels, strict=True):
+        for i, row in enumerate(rows):
+            if row not in lines:
+                continue
+            rounds, values = curves(lines[row].runs, metric)
+            _plot_rule(ax, rounds, values, row, rule_colour(row))
+            ax.lines[-1].set_marker(MARKERS[i % len(MARKERS)])
+            ax.lines[-1].set_markevery(max(1, len(rounds) // 6))
+        title = ", ".join(f"{a} = {v}" for a, v in
+                          [*zip(others, panel, strict=True), (axes.columns, column)])
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel(METRIC_LABELS[metric])
+        ax.set_ylim(0, 1)
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6),
+               bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(_file_caption(results, metric, axes) + f"; lines: {axes.rows}", fontsize=9)
+    return save(fig, out / "worst-curves.png")

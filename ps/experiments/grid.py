@@ -107,6 +107,11 @@ class Cell:
                           sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
+    def tags(self) -> dict[str, Any]:
+        """What the cell's result records beside its run's (a cached run may serve cells
+        of several figures)."""
+        return {"figure": self.figure}
+
     def label(self) -> str:
         extra = f" q={self.run['q']}" if self.figure == "q-sweep" else ""
         if self.figure == "batch-sweep":

@@ -144,7 +144,7 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
         progress(f"{_bar(done, len(todo))} {done}/{len(todo)} | elapsed {elapsed:.0f} s, "
                  f"ETA {eta:.0f} s | {cell.label()}: top-1 "
                  f"{result['points'][-1]['top1']:.3f} ({result['seconds']:.0f} s)")
-    return [{**results[c.key], "figure": c.figure} for c in cells]
+    return [{**results[c.key], **c.tags()} for c in cells]
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:

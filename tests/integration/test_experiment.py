@@ -187,3 +187,62 @@ def test_the_modern_grid_tables_defences_by_attack_per_momentum(tmp_path: Path) 
                                     "--defences", "mean,foo+krum"])
     assert bad.exit_code == 2 and "unknown pre-aggregation foo" in bad.output
     assert not (tmp_path / "bad" / "cells").exists()
+
+
+TINY_GRID = """dataset = "synthetic"
+workers = 5
+rounds = 4
+eval-every = 2
+q = 1
+rule = ["mean", "krum"]
+worker-attack = ["none", "inf"]
+byzantine-workers = [[], [0]]
+worker-momentum = [0.0, 0.9]
+
+[[exclude]]
+worker-attack = "none"
+byzantine-workers = [0]
+
+[[exclude]]
+worker-attack = "inf"
+byzantine-workers = []
+
+[[only]]
+worker-momentum = 0.0
+
+[report]
+rows = "rule"
+columns = "worker-momentum"
+worst_over = "worker-attack"
+"""
+
+
+def test_a_grid_file_runs_its_cells_then_hits_the_cache_of_the_built_in_grids(
+        tmp_path: Path) -> None:
+    """Four cells of a file (two rules x no attack/Inf, momentum 0): the table, the worst
+    case (Mean's under Inf) with its figures; run again, all cached; and the paper grid's
+    cells with the same settings read the file grid's cache."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_GRID)
+    out = tmp_path / "grid"
+    first = CliRunner().invoke(main, ["run", str(path), "--out", str(out), "--jobs", "1"])
+    assert first.exit_code == 0, first.output
+    assert "4 cells (4 distinct runs): 0 cached, 4 to run" in first.output
+    points = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(points) == 4 * 3
+    assert {p["axes"]["worker-attack"] for p in points} == {"none", "inf"}
+    report = (out / "report.md").read_text()
+    assert "| rule | worker-attack | byzantine-workers | worker-momentum | top1 | seeds |" \
+        in report
+    assert "## Worst case over worker-attack" in report
+    assert "| mean | 0.100 (inf) |" in report
+    for name in ("worst-case.png", "worst-curves.png"):
+        assert _is_png(out / name) and f"![{name}]({name})" in report
+    again = CliRunner().invoke(main, ["run", str(path), "--out", str(out)])
+    assert again.exit_code == 0 and "4 cached, 0 to run" in again.output
+    paper = _invoke("--out", str(out), "--dataset", "synthetic", "--workers", "5",
+                    "--rounds", "4", "--seeds", "1", "--rules", "mean,krum", "--scenarios",
+                    "none", "--no-sweeps", "--eval-every", "2")
+    assert paper.exit_code == 0, paper.output
+    # Krum's q = 1 there as in the file: its cell is the file's; Mean's q = 4 is not
+    assert "2 cells (2 distinct runs): 1 cached, 1 to run" in paper.output

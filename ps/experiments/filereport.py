@@ -1,0 +1,155 @@
+"""The report of a grid file (``ps-experiment run``): the final accuracy of every cell
+(mean ± std over seeds) by the grid's axes and, with a ``[report]`` table, each row's
+worst case over an axis (ByzFL's worst case over attacks) as a table, a heat map and
+the accuracy curves of those worst cases."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ps.experiments.gridfile import DEFENCE, GridFile, ReportAxes, value_text
+from ps.experiments.report import ReportInfo, header, verification_lines
+
+
+def axis_value(result: dict[str, Any], axis: str) -> str:
+    """A result's value on ``axis`` (a grid key, or ``defence``), as text."""
+    return result["defence"] if axis == DEFENCE else value_text(_hashable(result["axes"][axis]))
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def final(result: dict[str, Any], metric: str) -> float:
+    """The last evaluation's ``metric``; NaN if it is not finite (the model diverged)."""
+    value = result["points"][-1][metric]
+    return float(value) if value is not None and math.isfinite(value) else math.nan
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    """(mean, std) over seeds; NaN if a seed diverged; std 0 for one seed."""
+    if any(math.isnan(v) for v in values):
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _spread_text(mean: float, std: float, seeds: int) -> str:
+    if math.isnan(mean):
+        return "NaN"
+    return f"{mean:.3f}" if seeds == 1 else f"{mean:.3f} ± {std:.3f}"
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """A row's worst case over ``worst_over`` at one column (and one panel)."""
+
+    mean: float  # NaN: a seed diverged
+    std: float
+    seeds: int
+    where: str  # the value of the worst_over axis that gives it
+    runs: list[dict[str, Any]]  # its cells, one per seed
+
+
+def worst_cases(results: list[dict[str, Any]], metric: str, axes: ReportAxes,
+                others: tuple[str, ...]
+                ) -> dict[tuple[str, ...], dict[tuple[str, str], WorstCase]]:
+    """panel (the values of ``others``) -> (row, column) -> the worst case over
+    ``axes.worst_over`` of the mean final ``metric`` over seeds (a diverged one is the
+    worst)."""
+    grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        grouped[(tuple(axis_value(r, a) for a in others), axis_value(r, axes.rows),
+                 axis_value(r, axes.columns), axis_value(r, axes.worst_over))].append(r)
+    out: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]] = defaultdict(dict)
+    for (panel, row, column, where), runs in grouped.items():
+        mean, std = _spread([final(r, metric) for r in runs])
+        case = WorstCase(mean, std, len(runs), where, runs)
+        previous = out[panel].get((row, column))
+        if previous is None or _worse(case, previous):
+            out[panel][(row, column)] = case
+    return dict(out)
+
+
+def _worse(a: WorstCase, b: WorstCase) -> bool:
+    return (math.isnan(a.mean) and not math.isnan(b.mean)) or a.mean < b.mean
+
+
+def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The axes that the ``[report]`` table does not name, and that vary apart from
+    ``worst_over`` (``byzantine-workers`` set with each attack does not): one panel per
+    combination of their values."""
+    axes = grid.report
+    named = {axes.rows, axes.columns, axes.worst_over} if axes else set()
+    if DEFENCE in named:
+        named |= {"rule", "pre"}
+    worst = {axis_value(r, axes.worst_over) for r in results} if axes else set()
+    return tuple(a for a in grid.axes if a not in named and len(
+        {(axis_value(r, axes.worst_over), axis_value(r, a)) for r in results}) > len(worst))
+
+
+def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo,
+                      grid: GridFile) -> Path:
+    """``report.md`` of a grid file: how it was made, the table of every cell, the worst
+    cases with their figures (with ``[report]``), the verification."""
+    lines = [*header(results, info), f"* Grid file: `{grid.name}`"]
+    lines += _cell_table(results, info.metric, grid.axes)
+    if grid.report is not None:
+        from ps.experiments.figures import worst_case_curves, worst_case_heatmap
+
+        others = report_others(grid, results)
+        cases = worst_cases(results, info.metric, grid.report, others)
+        lines += _worst_tables(cases, grid.report, others, info.metric)
+        for path in (worst_case_heatmap(out, cases, grid.report, others, info.metric, results),
+                     worst_case_curves(out, cases, grid.report, others, info.metric, results)):
+            lines += ["", f"![{path.name}]({path.name})"]
+    if info.verification is not None:
+        lines += verification_lines(info.verification)
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _cell_table(results: list[dict[str, Any]], metric: str, axes: tuple[str, ...]
+                ) -> list[str]:
+    """One row per combination of the axes: the final ``metric`` over its seeds."""
+    grouped: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for r in results:
+        grouped[tuple(axis_value(r, a) for a in axes)].append(final(r, metric))
+    names = list(axes) or ["cell"]
+    lines = ["", f"## Final test {metric} (mean ± std over seeds)", "",
+             "| " + " | ".join(names) + f" | {metric} | seeds |",
+             "|" + "---|" * (len(names) + 2)]
+    for values, finals in grouped.items():
+        shown = " | ".join(values) if values else "all"
+        lines.append(f"| {shown} | {_spread_text(*_spread(finals), len(finals))} | "
+                     f"{len(finals)} |")
+    return lines
+
+
+def _worst_tables(cases: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]],
+                  axes: ReportAxes, others: tuple[str, ...], metric: str) -> list[str]:
+    """Per panel: rows x columns, each the worst case over ``worst_over``, with its
+    seed spread and the value that gives it."""
+    lines = ["", f"## Worst case over {axes.worst_over}: final test {metric}", "",
+             f"Each entry: the lowest mean over seeds (± its std) among the values of "
+             f"{axes.worst_over}, and that value."]
+    for panel, table in cases.items():
+        rows = list(dict.fromkeys(r for r, _ in table))
+        columns = list(dict.fromkeys(c for _, c in table))
+        title = ", ".join(f"{a} = {v}" for a, v in zip(others, panel, strict=True))
+        lines += [""] + ([f"### {title}", ""] if title else [])
+        lines += [f"| {axes.rows} \\ {axes.columns} | " + " | ".join(columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for row in rows:
+            cells = []
+            for column in columns:
+                case = table.get((row, column))
+                cells.append("-" if case is None else
+                             f"{_spread_text(case.mean, case.std, case.seeds)} ({case.where})")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines

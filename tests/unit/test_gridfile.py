@@ -1,0 +1,124 @@
+"""Grid files (``ps-experiment run GRID.toml``): the product, ``[[exclude]]``,
+``[[only]]`` and seeds; each refusal, one line naming the key or the cell; the shipped
+files give the cells (the cache keys) of ``ps-experiment paper`` and ``modern``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from common.errors import ConfigError
+from ps.experiments.cli import main
+from ps.experiments.grid import GridSpec, paper_cells
+from ps.experiments.gridfile import load_grid, parse_grid, shipped, tomllib
+from ps.experiments.modern import MODERN_ROUNDS, ModernSpec, modern_cells
+
+BASE = 'dataset = "synthetic"\nworkers = 7\nrounds = 2\n'
+
+
+def grid(text: str):
+    return parse_grid(tomllib.loads(BASE + text), "g.toml")
+
+
+def cells(text: str) -> list[tuple]:
+    return [(c.rule, c.run["lr"], c.seed) for c in grid(text).cells]
+
+
+def refused(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        grid(text)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("g.toml: ")
+    return message
+
+
+def test_list_valued_keys_expand_into_their_product_with_the_seeds_slowest() -> None:
+    got = cells('rule = ["mean", "marmed"]\nlr = [0.1, 0.2]\nseeds = 2\n')
+    assert got == [(r, lr, s) for s in (0, 1) for r in ("mean", "marmed") for lr in (0.1, 0.2)]
+    assert grid('rule = ["mean", "marmed"]\nlr = 0.5\n').axes == ("rule",)
+    assert cells('rule = "mean"\nseeds = [3, 7]\n') == [("mean", 0.1, 3), ("mean", 0.1, 7)]
+    # a list setting is one value; a list of lists is its axis
+    one = grid('worker-attack = "inf"\nbyzantine-workers = [0, 1]\n').cells
+    assert [c.attack["byzantine_workers"] for c in one] == [(0, 1)]
+    two = grid('worker-attack = "inf"\nbyzantine-workers = [[0], [0, 1]]\n').cells
+    assert [c.attack["byzantine_workers"] for c in two] == [(0,), (0, 1)]
+
+
+def test_exclude_removes_the_cells_matching_all_its_keys() -> None:
+    text = ('rule = ["mean", "marmed", "meamed"]\nlr = [0.1, 0.2]\n'
+            '[[exclude]]\nrule = ["mean", "meamed"]\nlr = 0.2\n')
+    assert cells(text) == [("mean", 0.1, 0), ("marmed", 0.1, 0), ("marmed", 0.2, 0),
+                           ("meamed", 0.1, 0)]
+
+
+def test_only_keeps_the_cells_matching_at_least_one_table() -> None:
+    text = ('rule = ["mean", "marmed", "meamed"]\nlr = [0.1, 0.2]\n'
+            '[[only]]\nrule = "mean"\n[[only]]\nlr = 0.2\nrule = "meamed"\n')
+    assert cells(text) == [("mean", 0.1, 0), ("mean", 0.2, 0), ("meamed", 0.2, 0)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('rulez = "mean"\n', "unknown key 'rulez' (did you mean 'rule'?)"),
+    ('rule = ["mean", "nope"]\n', "key 'rule': the value must be one of"),
+    ("lr = \"fast\"\n", "key 'lr': expected a number, got 'fast'"),
+    ("shards = 0\n", "key 'shards': the value must be >= 1, got 0"),
+    ('rule = ["mean", "mean"]\n', "key 'rule': value mean given twice"),
+    ("rule = []\n", "key 'rule': an empty list gives no value"),
+    ("eval-every = [1, 2]\n", "key 'eval-every' takes one value for the whole grid"),
+    ("seed = 1\nseeds = 2\n", "give seeds or seed, not both"),
+    ('rule = "mean"\n[[exclude]]\nlr = 0.1\n', "[[exclude]] 1: 'lr' is a key the grid does "
+     "not set"),
+    ('rule = ["mean", "krum"]\n[[only]]\nrule = "meamed"\n', "[[only]] 1, key 'rule': "
+     "meamed is not one of the grid's values"),
+    ('rule = "mean"\n[[exclude]]\nrule = "mean"\n', "no cell left"),
+    ('rule = ["mean", "krum"]\nq = 3\n', "cell grid/rule=krum/seed 0: rule 'krum'"),
+    ('worker-attack = "inf"\nbyzantine-workers = [0, 9]\n', "cell grid/marmed/seed 0: "
+     "byzantine worker id 9 out of range"),
+    ('rule = ["mean", "krum"]\n[report]\nrows = "rule"\ncolumns = "lr"\nworst_over = "rule"\n',
+     "[report]: columns = 'lr' is not an axis"),
+])
+def test_each_refusal_is_one_line_naming_the_key_or_the_cell(text: str, expected: str
+                                                             ) -> None:
+    assert expected in refused(text)
+
+
+def test_a_file_that_is_not_toml_or_missing_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rule = [\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not TOML"):
+        load_grid(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_grid(tmp_path / "missing.toml")
+
+
+def test_a_refused_grid_exits_2_with_its_line_before_anything_runs(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(BASE + 'rule = ["mean", "krum"]\nq = 3\n')
+    result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "cell grid/rule=krum/seed 0" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_shipped_paper_grid_has_the_cells_of_ps_experiment_paper() -> None:
+    ours = load_grid(shipped()["paper"]).cells
+    theirs = paper_cells(GridSpec())
+    assert {c.key for c in ours} == {c.key for c in theirs}
+    assert len(ours) == len({c.key for c in theirs})
+
+
+def test_the_shipped_modern_grid_has_the_cells_of_ps_experiment_modern() -> None:
+    ours = load_grid(shipped()["modern"]).cells
+    theirs = modern_cells(ModernSpec(GridSpec(rounds=MODERN_ROUNDS, sweeps=False)))
+    assert sorted(c.key for c in ours) == sorted(c.key for c in theirs)
+
+
+def test_grids_lists_and_prints_the_shipped_files() -> None:
+    listed = CliRunner().invoke(main, ["grids"])
+    assert listed.exit_code == 0
+    assert [line.split("\t")[0] for line in listed.output.splitlines()] == ["modern", "paper"]
+    printed = CliRunner().invoke(main, ["grids", "paper"])
+    assert printed.output == shipped()["paper"].read_text()
+    assert CliRunner().invoke(main, ["grids", "nope"]).exit_code == 2
