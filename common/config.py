@@ -1,9 +1,9 @@
 """The run configuration every role shares, and the attack scenario of a run.
 
 ``RunConfig`` holds what must be identical on every node of a run (model, data, n,
-S, rule, q, learning rate, worker momentum, batch, rounds, seed). Its ``config_hash`` is compared at
-the HELLO handshake, so a mis-configured process is refused with a message naming
-the settings that differ.
+S, rule, q, learning rate, worker momentum, batch, rounds, seed, partition). Its
+``config_hash`` is compared at the HELLO handshake, so a mis-configured process is
+refused with a message naming the settings that differ.
 
 ``AttackConfig`` holds the Byzantine behaviour (which workers lie and how, what the
 man-in-the-middle proxy corrupts, and every attack's parameters). It is deliberately
@@ -26,7 +26,7 @@ from typing import Any
 
 from common.attacks import ATTACKS, NO_ATTACK, Attack, VectorAttack, attack_class, attack_names
 from common.budgets import excerpt
-from common.data import dataset_names
+from common.data import PARTITIONS, dataset_names
 from common.errors import ConfigError
 from common.models import MODELS
 from common.rules import RULES, RuleError, rule_class, rule_names
@@ -40,6 +40,7 @@ from common.settings import (
     WORKER,
     check_ranges,
     declared,
+    hash_input,
     hashed_values,
     setting,
     take,
@@ -97,6 +98,20 @@ class RunConfig:
                           minimum=1)
     seed: int = setting(0, "Run seed: model init, data partition, minibatches, attacks.",
                         roles=ROLES, hashed=True, minimum=0)
+    # added after the others: at their defaults they leave a run's hash what it was
+    partition: str = setting(
+        "iid", "How the training set is shared out over the n workers (ByzFL's "
+        "definitions): iid, a shuffled split (the paper's); dirichlet, each class split by "
+        "proportions drawn from Dir(--alpha); extreme, sorted by label then split (one or "
+        "two classes per worker); gamma, a --gamma share iid and the rest extreme. A worker "
+        "left with fewer samples than --batch-size is refused before the run starts.",
+        roles=ROLES, hashed=True, hash_default=False, choices=PARTITIONS)
+    alpha: float = setting(1.0, "Dirichlet concentration of --partition dirichlet (> 0): "
+                           "0.1 gives each worker a few classes, large values approach iid.",
+                           roles=ROLES, hashed=True, hash_default=False, minimum=0.0)
+    gamma: float = setting(0.5, "Share of the training set split iid under --partition "
+                           "gamma (ByzFL's similarity): 1 is iid, 0 extreme.", roles=ROLES,
+                           hashed=True, hash_default=False, minimum=0.0, maximum=1.0)
 
     def validate(self) -> RunConfig:
         """Raise ``ConfigError`` naming the offending setting.
@@ -117,6 +132,8 @@ class RunConfig:
             return replace(self, q=rule.default_q(rows)).validate()
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not self.alpha > 0:
+            raise ConfigError(f"--alpha must be > 0, got {self.alpha}")
         if not 0 <= self.worker_momentum < 1:
             raise ConfigError(f"--worker-momentum must be in [0, 1), got {self.worker_momentum}")
         if not self.q < self.num_workers:
@@ -143,8 +160,9 @@ class RunConfig:
 
     @property
     def config_hash(self) -> str:
-        """Stable 16-hex-digit hash of the canonical JSON of every hashed setting."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable 16-hex-digit hash of the canonical JSON of every hashed setting (those
+        added later only where they differ from their defaults: ``hash_input``)."""
+        text = json.dumps(hash_input(self), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     def differences(self, other: Mapping[Any, Any]) -> list[str]:

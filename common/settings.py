@@ -62,6 +62,7 @@ class Setting:
     maximum: float | None = None
     hashed: bool = False
     required: bool = False
+    hash_default: bool = True
 
 
 def setting(
@@ -77,20 +78,23 @@ def setting(
     maximum: float | None = None,
     hashed: bool = False,
     required: bool = False,
+    hash_default: bool = True,
 ) -> Any:
     """A dataclass field that is a setting.
 
     ``flag`` defaults to ``--<field-name>`` and ``env`` to ``PS_<FLAG_NAME>``;
     ``roles`` left out means the owning class supplies them (``setting_roles``, as the
     attacks do from where they can run); ``choices`` may be a callable read when a
-    command is built, so a registry's names are always current.
+    command is built, so a registry's names are always current; ``hash_default=False``:
+    a hashed setting enters the run hash only when it differs from its default (one
+    added later, so that every earlier run keeps its hash).
     """
     unknown = set(roles or ()) - set(ALL_ROLES)
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}")
     spec = Setting(help=help, roles=None if roles is None else frozenset(roles), flag=flag,
                    short=short, env=env, choices=choices, minimum=minimum, maximum=maximum,
-                   hashed=hashed, required=required)
+                   hashed=hashed, required=required, hash_default=hash_default)
     return dataclasses.field(default=default, metadata={METADATA_KEY: spec})
 
 
@@ -308,6 +312,13 @@ def _bounds_text(low: float | None, high: float | None) -> str:
 def hashed_values(instance: Any) -> dict[str, Any]:
     """Field name -> value of the settings of ``instance`` that enter the run hash."""
     return {d.name: getattr(instance, d.name) for d in declared(type(instance)) if d.spec.hashed}
+
+
+def hash_input(instance: Any) -> dict[str, Any]:
+    """:func:`hashed_values`, less the settings declared ``hash_default=False`` that are at
+    their default: what the run hash is computed from."""
+    return {d.name: getattr(instance, d.name) for d in declared(type(instance))
+            if d.spec.hashed and (d.spec.hash_default or getattr(instance, d.name) != d.default)}
 
 
 def markdown_table(classes: Sequence[type], roles: Iterable[str] | None = None) -> str:

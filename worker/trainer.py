@@ -1,7 +1,7 @@
 """Stochastic gradients of the model on one worker's data partition.
 
 Worker i at round t computes g_i^t = grad f(x^t; minibatch) where the minibatch
-is drawn from its own iid partition of the training set with a stream derived
+is drawn from its own partition of the training set (``--partition``) with a stream derived
 from (seed, worker, round), and dropout (CNN) draws from a stream derived from
 the same coordinates: the same gradient in a worker process and in the
 in-process reference engine. A label-flipping Byzantine worker computes the same
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from common.config import RunConfig
-from common.data import Dataset, minibatch_indices, partition_indices
+from common.data import Dataset, minibatch_indices, run_partitions
 from common.models import build_model, share_flat_storage
 from common.seeding import derive_int_seed
 
@@ -33,7 +33,7 @@ class GradientComputer:
         self.cfg = cfg
         self.dataset = dataset
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
-        self.partitions = partition_indices(len(dataset.train_y), cfg.num_workers, cfg.seed)
+        self.partitions = run_partitions(cfg, dataset)
         self.d = sum(p.numel() for p in self.model.parameters())
         self.uses_dropout = any(isinstance(m, torch.nn.Dropout) for m in self.model.modules())
         # x^t is loaded with one copy; backward accumulates into the flat gradient

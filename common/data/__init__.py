@@ -17,7 +17,15 @@ from common.data.base import (
     dataset_names,
     register_dataset,
 )
-from common.data.sampling import minibatch_indices, partition_indices
+from common.data.sampling import (
+    PARTITION_FILE,
+    PARTITIONS,
+    class_counts,
+    minibatch_indices,
+    partition_indices,
+    run_partitions,
+    write_partition,
+)
 from common.registry import import_modules
 
 import_modules(__name__, __path__, skip={"base", "sampling"})
@@ -63,6 +71,7 @@ def preload_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *
     return dataset
 
 
-__all__ = ["DATASETS", "Dataset", "DatasetError", "DatasetSpec", "dataset_names",
-           "dataset_shape", "dataset_spec", "load_dataset", "minibatch_indices",
-           "partition_indices", "preload_dataset", "register_dataset"]
+__all__ = ["DATASETS", "PARTITIONS", "PARTITION_FILE", "Dataset", "DatasetError",
+           "DatasetSpec", "class_counts", "dataset_names", "dataset_shape", "dataset_spec",
+           "load_dataset", "minibatch_indices", "partition_indices", "preload_dataset",
+           "register_dataset", "run_partitions", "write_partition"]

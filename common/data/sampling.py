@@ -1,15 +1,36 @@
-"""Deterministic iid partition of the training set and per-(worker, round) minibatches.
+"""Deterministic partitions of the training set and per-(worker, round) minibatches.
 
 The paper (Xie, Koyejo, Gupta, ICML 2018, Sec. 6) gives each of the n workers an iid
-share of the training set and samples minibatches from it; both are derived from the
-run seed via :mod:`common.seeding`, so every process draws the same indices.
+share of the training set and samples minibatches from it (``--partition iid``). The
+heterogeneous partitions are ByzFL's (Allouah et al., LPD-EPFL/byzfl,
+``fed_framework/data_distributor.py``): ``dirichlet`` (``dirichlet_niid``), ``extreme``
+(``extreme_niid``) and ``gamma`` (``gamma_similarity_niid``). ByzFL shares the data
+among the honest clients only; here all n workers get a share, as with iid (a
+label-flipping or mimicking Byzantine worker trains on its own).
+
+Everything random is derived from the run seed via :mod:`common.seeding`, so every
+process (each worker, the reference engine, the launcher writing ``partition.json``)
+computes the same indices.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
+from common.errors import ConfigError
 from common.seeding import derive_rng
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
+    from common.data.base import Dataset
+
+PARTITIONS = ("iid", "dirichlet", "extreme", "gamma")  # --partition, in --help order
+PARTITION_FILE = "partition.json"  # each worker's class counts, in a run's output directory
 
 
 def partition_indices(num_samples: int, n: int, seed: int) -> list[np.ndarray]:
@@ -25,6 +46,115 @@ def partition_indices(num_samples: int, n: int, seed: int) -> list[np.ndarray]:
         raise ValueError(f"cannot partition {num_samples} samples over {n} workers")
     perm = derive_rng(seed, "partition").permutation(num_samples).astype(np.int64)
     return np.array_split(perm, n)
+
+
+def extreme_partition(labels: np.ndarray, n: int) -> list[np.ndarray]:
+    """ByzFL's ``extreme_niid``: the samples sorted by (label, index), split into ``n``
+    contiguous chunks whose sizes differ by at most one. Each worker sees one class or
+    the two at a boundary (with 10 classes and n >= 10); no randomness."""
+    labels = np.asarray(labels)
+    _check_sizes(labels.size, n)
+    return np.array_split(np.argsort(labels, kind="stable").astype(np.int64), n)
+
+
+def dirichlet_partition(labels: np.ndarray, n: int, alpha: float, seed: int,
+                        num_classes: int) -> list[np.ndarray]:
+    """ByzFL's ``dirichlet_niid``: for each class k, proportions p_k ~ Dir(alpha 1_n) over
+    the workers (one (num_classes, n) draw from ``derive_rng(seed, "partition",
+    "partition-dirichlet")``); the samples of class k, in index order, are cut at
+    ``floor(cumsum(p_k) * count_k)`` and worker j gets the j-th piece of every class (in
+    class order). Every sample goes to exactly one worker; a small ``alpha`` gives each
+    worker few classes, a large one approaches iid proportions."""
+    labels = np.asarray(labels)
+    _check_sizes(labels.size, n)
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    shares = derive_rng(seed, "partition-dirichlet").dirichlet(
+        np.full(n, float(alpha)), size=num_classes)
+    pieces: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for k in range(num_classes):
+        members = np.flatnonzero(labels == k).astype(np.int64)
+        cuts = (np.cumsum(shares[k])[:-1] * members.size).astype(np.int64)
+        for j, piece in enumerate(np.split(members, cuts)):
+            pieces[j].append(piece)
+    return [np.concatenate(p) if p else np.empty(0, np.int64) for p in pieces]
+
+
+def gamma_partition(labels: np.ndarray, n: int, gamma: float, seed: int) -> list[np.ndarray]:
+    """ByzFL's ``gamma_similarity_niid``: the first ``int(gamma * N)`` samples are shared
+    out iid (shuffled, then split as :func:`partition_indices`), the others as
+    :func:`extreme_partition`; worker i gets its iid share followed by its extreme one.
+    ``gamma = 1`` is exactly the iid partition of the same seed, ``gamma = 0`` the
+    extreme one."""
+    labels = np.asarray(labels)
+    _check_sizes(labels.size, n)
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    similar = int(labels.size * gamma)
+    iid = np.array_split(
+        derive_rng(seed, "partition").permutation(similar).astype(np.int64), n)
+    rest = np.arange(similar, labels.size, dtype=np.int64)
+    extreme = np.array_split(rest[np.argsort(labels[similar:], kind="stable")], n)
+    return [np.concatenate((a, b)) for a, b in zip(iid, extreme, strict=True)]
+
+
+def _check_sizes(num_samples: int, n: int) -> None:
+    if n < 1:
+        raise ValueError(f"need at least one worker, got n={n}")
+    if num_samples < n:
+        raise ValueError(f"cannot partition {num_samples} samples over {n} workers")
+
+
+def run_partitions(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
+    """Each worker's sample indices under ``cfg``'s ``--partition`` (with its ``--alpha``
+    or ``--gamma``); ``ConfigError`` naming the first worker left with fewer samples than
+    one batch (it could not draw a minibatch without repeating samples)."""
+    labels = dataset.train_y.numpy()
+    n = cfg.num_workers
+    partitions: dict[str, Callable[[], list[np.ndarray]]] = {
+        "iid": lambda: partition_indices(labels.size, n, cfg.seed),
+        "dirichlet": lambda: dirichlet_partition(labels, n, cfg.alpha, cfg.seed,
+                                                 dataset.num_classes),
+        "extreme": lambda: extreme_partition(labels, n),
+        "gamma": lambda: gamma_partition(labels, n, cfg.gamma, cfg.seed),
+    }
+    parts = partitions[cfg.partition]()
+    for worker, part in enumerate(parts):
+        if part.size < cfg.batch_size:
+            raise ConfigError(
+                f"{describe(cfg)} leaves worker {worker} with {part.size} training samples, "
+                f"fewer than one batch (--batch-size {cfg.batch_size}); use another --seed, "
+                f"fewer --workers, a smaller --batch-size or a milder partition")
+    return parts
+
+
+def describe(cfg: RunConfig) -> str:
+    """``--partition dirichlet --alpha 0.1`` (the partition's own parameter only)."""
+    extra = {"dirichlet": f" --alpha {cfg.alpha:g}", "gamma": f" --gamma {cfg.gamma:g}"}
+    return f"--partition {cfg.partition}{extra.get(cfg.partition, '')}"
+
+
+def class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """(n, num_classes) int64: how many samples of each class each worker holds."""
+    labels = np.asarray(labels)
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]
+                    ).astype(np.int64)
+
+
+def write_partition(out_dir: Path, cfg: RunConfig, dataset: Dataset) -> Path:
+    """Compute the run's partition (``ConfigError`` as :func:`run_partitions`) and write
+    each worker's class counts to ``out_dir/partition.json``."""
+    parts = run_partitions(cfg, dataset)
+    labels = dataset.train_y.numpy()
+    record: dict[str, Any] = {
+        "partition": cfg.partition, "alpha": cfg.alpha, "gamma": cfg.gamma,
+        "seed": cfg.seed, "dataset": cfg.dataset, "batch_size": cfg.batch_size,
+        "counts": class_counts(parts, labels, dataset.num_classes).tolist(),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / PARTITION_FILE
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    return path
 
 
 def minibatch_indices(

@@ -112,6 +112,7 @@ class Cluster:
                 report.startup["prepare"] = prepare(
                     self.spec.cfg, self.spec.client.data_dir,
                     self.spec.process.torch_threads).as_dict()
+            self._write_partition()
             servers = self._start_servers()
             report.mark("servers_ready_s")
             fronts = self._start_proxies(servers)
@@ -129,6 +130,17 @@ class Cluster:
             stop_all(self.processes)
             report.failed(exc, supervisor.restarts, supervisor.lost)
             raise
+
+    def _write_partition(self) -> None:
+        """Compute the workers' partition before any process starts (``ConfigError`` for a
+        worker left with less than a batch) and write their class counts,
+        ``partition.json``. The dataset is the one :func:`prepare` kept (``--start
+        fork``) or is loaded here."""
+        from common.data import load_dataset, write_partition
+
+        cfg = self.spec.cfg
+        write_partition(self.out, cfg,
+                        load_dataset(cfg.dataset, self.spec.client.data_dir, seed=cfg.seed))
 
     def progress(self) -> Progress:
         """Current progress read from server 0's and the evaluator's metrics."""

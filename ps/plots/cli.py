@@ -25,6 +25,7 @@ def main(run_dir: Path) -> None:
                      or ps-simulate's engine.jsonl)
     aggregation.png  aggregation time per round of each shard (server-<s>.jsonl,
                      or engine.jsonl)
+    partition.png    training samples of each class per worker (partition.json)
 
     A figure whose files are missing or empty is skipped; titles name the rule and
     attack from config.json.
@@ -37,8 +38,9 @@ def main(run_dir: Path) -> None:
         if not written:
             raise ConfigError(f"nothing to draw in {run_dir}: no metrics in evaluator.jsonl, "
                               "worker-<i>.jsonl, proxy-<s>.jsonl, server-<s>.jsonl or "
-                              "engine.jsonl (nor in <name>/); is it a ps-cluster or "
-                              "ps-simulate --out-dir, or a compose runs directory?")
+                              "engine.jsonl (nor in <name>/), no partition.json; is it a "
+                              "ps-cluster or ps-simulate --out-dir, or a compose runs "
+                              "directory?")
         for path in written:
             click.echo(path)
 

@@ -1,6 +1,7 @@
 """The figures of one run, drawn from the files its processes wrote (``ps-cluster`` or
-``ps-simulate`` ``--out-dir``): ``accuracy.png``, ``round_time.png``, ``corruption.png``
-and ``aggregation.png``. A figure whose files are missing or empty is skipped.
+``ps-simulate`` ``--out-dir``): ``accuracy.png``, ``round_time.png``, ``corruption.png``,
+``aggregation.png`` and ``partition.png`` (from ``partition.json``). A figure whose
+files are missing or empty is skipped.
 
 A ``ps-simulate`` directory has no server or proxy files: its ``engine.jsonl`` (each
 shard's aggregation time and the values corrupted, per round) stands in for them.
@@ -24,6 +25,7 @@ import click
 import numpy as np
 
 from common.config import RUN_CONFIG_FILE
+from common.data.sampling import PARTITION_FILE
 from common.metrics import read_jsonl
 from ps.plots.style import pyplot, rule_colour, save
 
@@ -263,8 +265,38 @@ def _engine_aggregation(run_dir: Path) -> dict[int, Line]:
             for s in range(len(rows[0]["aggregation_ms"]))}
 
 
+def draw_partition(run_dir: Path, config: dict[str, Any]) -> Path | None:
+    """``partition.png``: how many samples of each class each worker holds (workers x
+    classes heat map, from ``partition.json``), the totals per worker beside it."""
+    try:
+        record = json.loads((run_dir / PARTITION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    counts = np.asarray(record.get("counts", []), dtype=np.int64)
+    if counts.ndim != 2 or counts.size == 0:
+        return None
+    n, classes = counts.shape
+    fig, (heat, totals) = _figure(f"Training samples per worker and class "
+                                  f"(--partition {_partition_text(record)})", config, panels=2)
+    image = heat.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    heat.set(xlabel="class", ylabel="worker", xticks=range(classes),
+             yticks=range(0, n, max(1, n // 20)), title="samples")
+    heat.grid(False)
+    fig.colorbar(image, ax=heat)
+    totals.barh(range(n), counts.sum(axis=1))
+    totals.set(xlabel="samples", ylabel="worker", title="per worker", ylim=heat.get_ylim())
+    return save(fig, run_dir / "partition.png")
+
+
+def _partition_text(record: dict[str, Any]) -> str:
+    """``dirichlet, alpha 0.1`` (the partition's own parameter only)."""
+    kind = str(record.get("partition", "?"))
+    parameter = {"dirichlet": "alpha", "gamma": "gamma"}.get(kind)
+    return f"{kind}, {parameter} {record[parameter]:g}" if parameter in record else kind
+
+
 FIGURES: tuple[Callable[[Path, dict[str, Any]], Path | None], ...] = (
-    draw_accuracy, draw_round_time, draw_corruption, draw_aggregation)
+    draw_accuracy, draw_round_time, draw_corruption, draw_aggregation, draw_partition)
 
 
 def draw_run(run_dir: Path, keep_going: bool = False) -> list[Path]:

@@ -26,8 +26,9 @@ def build_command() -> click.Command:
         """Run the same training as ps-cluster in one process (no sockets) and print
         test accuracy every --eval-every rounds and the final parameters' sha256; with
         --out-dir, OUT_DIR gets the evaluations (evaluator.jsonl), each round's
-        aggregation time per shard and values corrupted (engine.jsonl), config.json and
-        the figures (accuracy.png, aggregation.png, corruption.png). With --replay
+        aggregation time per shard and values corrupted (engine.jsonl), config.json, each
+        worker's class counts (partition.json) and the figures (accuracy.png,
+        aggregation.png, corruption.png, partition.png). With --replay
         RUN_DIR, the rounds a cluster closed without some workers aggregate the same
         workers here (give that run's settings too).
         """
@@ -49,7 +50,7 @@ def build_command() -> click.Command:
 def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOptions,
                         evaluation: EvalOptions, process: ProcessOptions,
                         replay: ReplayOptions) -> None:
-    from common.data import load_dataset
+    from common.data import load_dataset, write_partition
     from ps.plots.run_figures import ENGINE_FILE, draw_finished_run
     from ps.reference.engine import simulate
     from ps.reference.participation import read_participation
@@ -67,6 +68,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
     out = process.out_dir
     if out:
         write_run_config(out, cfg, attack)
+        write_partition(out, cfg, dataset)
     metrics = JsonlWriter(out / "evaluator.jsonl" if out else None)
     engine = JsonlWriter(out / ENGINE_FILE if out else None)
     corrupted = 0  # the engine's cumulative count after the previous round

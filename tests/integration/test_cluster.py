@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import common.data
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.metrics import read_jsonl
@@ -96,28 +98,68 @@ def test_ps_cluster_draws_the_run_figures_when_it_finishes(processes, tmp_path: 
         "--dataset", "synthetic", "--rounds", "6", "--workers", "4", "--shards", "2",
         "--proxy-attack", "gambler", "--eval-every", "3", "--insecure", "--out-dir", str(out)])
     assert processes.wait_exit(launcher, 120) == 0, launcher.tail(30)
-    names = ("accuracy.png", "round_time.png", "corruption.png", "aggregation.png")
+    names = ("accuracy.png", "round_time.png", "corruption.png", "aggregation.png",
+             "partition.png")
     assert f"figures in {out}: {', '.join(names)}" in launcher.tail(5)
     for name in names:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
 
 
-def test_a_failing_process_stops_the_cluster_and_is_named(tmp_path: Path) -> None:
-    # mnist needs --data-dir: started as fresh interpreters, every worker fails with a
-    # configuration error (exit 2), and the first one is named
+def test_a_failing_process_stops_the_cluster_and_is_named(tmp_path: Path,
+                                                         monkeypatch) -> None:
+    # mnist needs --data-dir: the launcher is handed a stand-in (it computes the workers'
+    # partition before starting them), but its children, started as fresh interpreters,
+    # have none; every worker fails with a configuration error (exit 2), and the first
+    # one is named
+    monkeypatch.setitem(common.data._preloaded, ("mnist", None, 3),
+                        common.data.load_dataset("synthetic", seed=3))
     with pytest.raises(ProcessFailed) as info:
         _run(tmp_path, dataset="mnist", start="exec")
     assert info.value.exit_code == 2
     assert "mnist" in str(info.value)
 
 
-def test_a_forking_launcher_refuses_a_missing_dataset_before_starting_anything(
-        tmp_path: Path) -> None:
-    # it decodes the dataset itself before it forks: the same error, from the launcher
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_the_launcher_refuses_a_missing_dataset_before_starting_anything(
+        tmp_path: Path, start: str) -> None:
+    # it reads the dataset itself (to partition it; forking, to share it) before starting
+    # any process: the same error, from the launcher
     with pytest.raises(ConfigError, match="mnist"):
-        _run(tmp_path, dataset="mnist")
+        _run(tmp_path, dataset="mnist", start=start)
     assert not list((tmp_path / "run" / "logs").glob("*.log"))
+
+
+def test_the_launcher_refuses_a_worker_left_without_a_batch_before_starting_anything(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--partition dirichlet --alpha 0\.1 leaves worker "
+                       r"4 with 27 training samples, fewer than one batch \(--batch-size 32\)"):
+        _run(tmp_path, start="exec", num_workers=8, seed=0, partition="dirichlet", alpha=0.1)
+    assert not list((tmp_path / "run" / "logs").glob("*.log"))
+
+
+def test_ps_cluster_dirichlet_partition_verifies_and_draws_the_partition(
+        processes, tmp_path: Path) -> None:
+    """--partition dirichlet --alpha 0.1: the cluster ends bit-identical to the reference
+    engine (--verify), and the run holds each worker's class counts and their figure."""
+    out = tmp_path / "run"
+    launcher = processes.start("cluster", "ps.launcher.cli", [
+        "--dataset", "synthetic", "--rounds", "8", "--workers", "8", "--shards", "2",
+        "--seed", "1", "--partition", "dirichlet", "--alpha", "0.1", "--eval-every", "4",
+        "--insecure", "--verify", "--out-dir", str(out)])
+    assert processes.wait_exit(launcher, 180) == 0, launcher.tail(30)
+    tail = launcher.tail(10)
+    assert any(line.startswith("verified: the reference engine ends with the same "
+                               "parameters") for line in tail), tail
+    record = json.loads((out / "partition.json").read_text())
+    assert (record["partition"], record["alpha"], record["seed"]) == ("dirichlet", 0.1, 1)
+    counts = np.array(record["counts"])
+    assert counts.shape == (8, 10) and counts.sum() == 2048
+    # skewed: most workers hold most of their data in one class
+    assert np.median(counts.max(axis=1) / counts.sum(axis=1)) > 0.5
+    assert f"figures in {out}: accuracy.png, round_time.png, aggregation.png, " \
+        "partition.png" in tail
+    assert (out / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_processes_started_as_fresh_interpreters_end_bit_identical(tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ def test_q_defaults_per_rule() -> None:
         ({"rule": "krum", "q": 9}, "2q+2 < n"),
         ({"rule": "meamed", "q": 10}, "n=20"),
         ({"rule": "nope"}, "nope"),
+        ({"partition": "shards"}, "--partition must be one of iid, dirichlet, extreme, gamma"),
+        ({"alpha": 0.0}, "--alpha must be > 0, got 0.0"),
+        ({"gamma": 1.5}, "--gamma must be in [0, 1], got 1.5"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, needle: str) -> None:
@@ -54,6 +57,19 @@ def test_hash_is_stable_and_sensitive() -> None:
         "1 setting(s) this version does not know"]
     odd = a.differences({b"x": 1})  # a peer's odd keys: counted, never echoed
     assert "lr: 0.1 != '<missing>'" in odd and odd[-1].startswith("1 setting(s)")
+
+
+def test_partition_settings_at_their_defaults_leave_the_hash_of_earlier_runs() -> None:
+    """Added after the others (``hash_default=False``): the default configuration keeps
+    the hash it had before them (so its checkpoints still resume); set, they count."""
+    default = RunConfig().validate()
+    assert default.config_hash == "1b4005db4f473390"
+    assert {"partition", "alpha", "gamma"} <= set(default.to_dict())  # still in HELLO
+    hashes = {RunConfig(**changes).validate().config_hash for changes in (
+        {}, {"partition": "dirichlet"}, {"partition": "dirichlet", "alpha": 0.1},
+        {"partition": "gamma"}, {"partition": "gamma", "gamma": 0.1}, {"alpha": 0.1})}
+    assert len(hashes) == 6
+    assert RunConfig(lr=0.05).validate().config_hash != default.config_hash
 
 
 def test_differences_look_up_only_the_known_names() -> None:

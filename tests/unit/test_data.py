@@ -13,15 +13,22 @@ import numpy as np
 import pytest
 import torch
 
+from common.config import RunConfig
 from common.data import (
+    PARTITION_FILE,
     DatasetError,
+    class_counts,
     dataset_names,
     load_dataset,
     minibatch_indices,
     partition_indices,
+    run_partitions,
+    write_partition,
 )
 from common.data.idx import DEBIAN_FASHION_MNIST_DIR
+from common.data.sampling import dirichlet_partition, extreme_partition, gamma_partition
 from common.data.synthetic import synthetic
+from common.errors import ConfigError
 from common.models import build_model
 
 IDX_NAMES = {
@@ -393,6 +400,135 @@ def test_partition_rejects_bad_sizes() -> None:
         partition_indices(10, 0, seed=0)
     with pytest.raises(ValueError, match="cannot partition 3 samples over 4 workers"):
         partition_indices(3, 4, seed=0)
+
+
+# 3000 samples of 10 classes in a random order, a few more of class 0
+LABELS = np.random.default_rng(11).permutation(np.r_[np.repeat(np.arange(10), 295),
+                                                     np.zeros(50, np.int64)])
+
+
+def _assert_each_sample_once(parts: list[np.ndarray], total: int) -> None:
+    joined = np.concatenate(parts)
+    assert joined.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(joined), np.arange(total))
+
+
+def _classes_held(parts: list[np.ndarray]) -> list[int]:
+    return [int((row > 0).sum()) for row in class_counts(parts, LABELS, 10)]
+
+
+def test_extreme_partition_sorts_by_label_then_splits() -> None:
+    parts = extreme_partition(LABELS, 10)
+    _assert_each_sample_once(parts, LABELS.size)
+    assert [p.size for p in parts] == [300] * 10  # np.array_split sizes
+    assert max(_classes_held(parts)) <= 2  # one class, or the two at a boundary
+    for p in parts:  # by label, then by index within a label
+        keys = LABELS[p] * LABELS.size + p
+        assert (np.diff(keys) > 0).all()
+    again = extreme_partition(LABELS, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_dirichlet_partition_follows_the_seed_and_alpha() -> None:
+    skewed = dirichlet_partition(LABELS, 10, 0.1, seed=4, num_classes=10)
+    _assert_each_sample_once(skewed, LABELS.size)
+    again = dirichlet_partition(LABELS, 10, 0.1, seed=4, num_classes=10)
+    assert all(np.array_equal(a, b) for a, b in zip(skewed, again, strict=True))
+    other = dirichlet_partition(LABELS, 10, 0.1, seed=5, num_classes=10)
+    assert not all(np.array_equal(a, b) for a, b in zip(skewed, other, strict=True))
+    mild = dirichlet_partition(LABELS, 10, 100.0, seed=4, num_classes=10)
+    _assert_each_sample_once(mild, LABELS.size)
+    # a worker's largest class: most of its data at alpha 0.1, about a tenth at 100
+    def top_share(parts: list[np.ndarray]) -> float:
+        counts = class_counts(parts, LABELS, 10)
+        held = counts.sum(axis=1) > 0
+        return float(np.median(counts[held].max(axis=1) / counts[held].sum(axis=1)))
+
+    assert top_share(skewed) > 0.6 and top_share(mild) < 0.2
+    assert np.median(_classes_held(skewed)) <= 4 and min(_classes_held(mild)) == 10
+    for p in skewed:  # each class's piece in index order, the classes in order
+        keys = LABELS[p] * LABELS.size + p
+        assert (np.diff(keys) > 0).all()
+
+
+def test_dirichlet_splits_each_class_at_its_drawn_proportions() -> None:
+    """Worker j holds floor(c_j * count) - floor(c_(j-1) * count) samples of a class, c
+    the cumulative proportions drawn for that class (ByzFL's cut points)."""
+    from common.seeding import derive_rng
+
+    parts = dirichlet_partition(LABELS, 6, 0.5, seed=2, num_classes=10)
+    shares = derive_rng(2, "partition-dirichlet").dirichlet(np.full(6, 0.5), size=10)
+    counts = class_counts(parts, LABELS, 10)
+    for k in range(10):
+        total = int(np.count_nonzero(k == LABELS))
+        cuts = np.r_[0, (np.cumsum(shares[k])[:-1] * total).astype(np.int64), total]
+        np.testing.assert_array_equal(counts[:, k], np.diff(cuts))
+
+
+def test_gamma_partition_between_iid_and_extreme() -> None:
+    iid = partition_indices(LABELS.size, 10, seed=3)
+    one = gamma_partition(LABELS, 10, 1.0, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(one, iid, strict=True))
+    zero = gamma_partition(LABELS, 10, 0.0, seed=3)
+    assert all(np.array_equal(a, b)
+               for a, b in zip(zero, extreme_partition(LABELS, 10), strict=True))
+    half = gamma_partition(LABELS, 10, 0.5, seed=3)
+    _assert_each_sample_once(half, LABELS.size)
+    assert [p.size for p in half] == [300] * 10
+    previous = 0
+    for p in half:  # its iid share is of the first half of the data, then its extreme one
+        shared, sorted_ = p[:150], p[150:]
+        assert (shared < 1500).all() and (sorted_ >= 1500).all()
+        assert (np.diff(LABELS[sorted_]) >= 0).all() and LABELS[sorted_[0]] >= previous
+        previous = LABELS[sorted_[-1]]
+    assert min(_classes_held(half)) >= 8  # the iid half gives every worker most classes
+    with pytest.raises(ValueError, match="gamma must be in"):
+        gamma_partition(LABELS, 10, 1.5, seed=3)
+
+
+def _synthetic_config(**changes: object) -> RunConfig:
+    return RunConfig(**{"dataset": "synthetic", "num_workers": 8, "seed": 0} | changes
+                     ).validate()
+
+
+def test_run_partitions_iid_is_todays_partition() -> None:
+    ds = load_dataset("synthetic", seed=0)
+    parts = run_partitions(_synthetic_config(), ds)
+    expected = partition_indices(len(ds.train_y), 8, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, expected, strict=True))
+
+
+def test_a_worker_with_less_than_a_batch_is_a_configuration_error() -> None:
+    ds = load_dataset("synthetic", seed=0)
+    # seed 0, n=8, alpha 0.1 leaves worker 4 with 27 of the 2048 samples
+    cfg = _synthetic_config(partition="dirichlet", alpha=0.1)
+    with pytest.raises(ConfigError) as info:
+        run_partitions(cfg, ds)
+    assert str(info.value) == (
+        "--partition dirichlet --alpha 0.1 leaves worker 4 with 27 training samples, fewer "
+        "than one batch (--batch-size 32); use another --seed, fewer --workers, a smaller "
+        "--batch-size or a milder partition")
+    assert len(run_partitions(_synthetic_config(partition="dirichlet", alpha=0.1,
+                                                batch_size=27), ds)[4]) == 27
+    with pytest.raises(ConfigError, match="worker 0 with 256 training samples"):
+        run_partitions(_synthetic_config(batch_size=257), ds)
+
+
+def test_partition_json_holds_each_workers_class_counts(tmp_path: Path) -> None:
+    ds = load_dataset("synthetic", seed=0)
+    cfg = _synthetic_config(partition="extreme")
+    path = write_partition(tmp_path, cfg, ds)
+    assert path == tmp_path / PARTITION_FILE
+    record = __import__("json").loads(path.read_text())
+    assert {k: record[k] for k in ("partition", "alpha", "gamma", "seed", "dataset",
+                                   "batch_size")} == {
+        "partition": "extreme", "alpha": 1.0, "gamma": 0.5, "seed": 0,
+        "dataset": "synthetic", "batch_size": 32}
+    counts = np.array(record["counts"])
+    labels = ds.train_y.numpy()
+    assert counts.shape == (8, 10) and counts.sum() == labels.size
+    np.testing.assert_array_equal(counts.sum(axis=0), np.bincount(labels, minlength=10))
+    np.testing.assert_array_equal(counts, class_counts(run_partitions(cfg, ds), labels, 10))
 
 
 def test_minibatch_is_deterministic_per_seed_worker_round() -> None:

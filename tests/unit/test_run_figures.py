@@ -19,7 +19,8 @@ from ps.plots.run_figures import draw_finished_run, draw_run, read_rounds, run_t
 from ps.reference.cli import main as simulate_main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-ALL_FIGURES = {"accuracy.png", "round_time.png", "corruption.png", "aggregation.png"}
+ALL_FIGURES = {"accuracy.png", "round_time.png", "corruption.png", "aggregation.png",
+               "partition.png"}
 
 
 def _write(path: Path, records: list[dict]) -> None:
@@ -62,7 +63,7 @@ def test_a_cluster_run_without_proxy_gets_every_figure_but_corruption(tmp_path: 
     _config(tmp_path)
     written = draw_run(tmp_path)
     assert [p.name for p in written] == ["accuracy.png", "round_time.png", "aggregation.png"]
-    _assert_pngs(tmp_path, ALL_FIGURES - {"corruption.png"})
+    _assert_pngs(tmp_path, ALL_FIGURES - {"corruption.png", "partition.png"})
 
 
 def test_the_last_line_of_a_repeated_round_wins(tmp_path: Path) -> None:
@@ -150,6 +151,44 @@ def test_ps_simulate_writes_engine_metrics_config_and_figures(tmp_path: Path) ->
     config = json.loads((out / "config.json").read_text())
     assert config["attack"]["proxy_attack"] == "gambler" and config["run"]["rounds"] == 4
     _assert_pngs(out, ALL_FIGURES - {"round_time.png"})
+    partition = json.loads((out / "partition.json").read_text())
+    assert partition["partition"] == "iid" and len(partition["counts"]) == 4
+    assert sum(map(sum, partition["counts"])) == 2048  # every synthetic training sample
+
+
+def test_ps_simulate_refuses_a_worker_left_without_a_batch(tmp_path: Path) -> None:
+    result = CliRunner().invoke(simulate_main, [
+        "--dataset", "synthetic", "--rounds", "2", "--workers", "8", "--shards", "1",
+        "--partition", "dirichlet", "--alpha", "0.1", "--out-dir", str(tmp_path / "sim")])
+    assert result.exit_code == EXIT_CONFIG
+    assert ("--partition dirichlet --alpha 0.1 leaves worker 4 with 27 training samples, "
+            "fewer than one batch (--batch-size 32)") in result.output
+    assert not (tmp_path / "sim" / "evaluator.jsonl").exists()
+
+
+def test_ps_report_draws_the_partition_from_partition_json(tmp_path: Path) -> None:
+    counts = [[30, 0, 2], [0, 25, 7], [1, 1, 40], [9, 9, 9]]
+    _write(tmp_path / "partition.json", [{"partition": "dirichlet", "alpha": 0.1,
+                                          "gamma": 0.5, "counts": counts}])
+    drawn = CliRunner().invoke(report_main, [str(tmp_path)])
+    assert drawn.exit_code == 0, drawn.output
+    assert drawn.output.split() == [str(tmp_path / "partition.png")]
+    _assert_pngs(tmp_path, {"partition.png"})
+
+
+def test_the_partition_figure_is_a_workers_by_classes_heat_map(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    counts = [[30, 0, 2], [0, 25, 7], [1, 1, 40], [9, 9, 9]]
+    _write(tmp_path / "partition.json", [{"partition": "gamma", "alpha": 1.0,
+                                          "gamma": 0.25, "counts": counts}])
+    figures = []
+    monkeypatch.setattr(run_figures, "save", lambda fig, path: figures.append(fig) or path)
+    assert run_figures.draw_partition(tmp_path, {}) == tmp_path / "partition.png"
+    heat, totals = figures[0].axes[:2]
+    assert heat.images[0].get_array().tolist() == counts  # rows: workers, columns: classes
+    assert (heat.get_xlabel(), heat.get_ylabel()) == ("class", "worker")
+    assert [bar.get_width() for bar in totals.patches] == [32, 32, 42, 27]
+    assert "gamma, gamma 0.25" in figures[0].get_suptitle()
 
 
 def test_a_fresh_matplotlib_cache_logs_nothing_on_the_terminal(tmp_path: Path) -> None:
