@@ -130,7 +130,8 @@ def test_cells_through_the_cluster_match_the_reference_and_a_difference_fails(
 def test_the_cifar10_recipe_runs_the_cnn_with_top3_on_a_tiny_synthetic_set(
         tmp_path: Path) -> None:
     data = tmp_path / "cifar"
-    write_cifar(data / "cifar-10-batches-py", per_batch=8)
+    # 400 training images: 133 per worker, at least one batch of the recipe's 128
+    write_cifar(data / "cifar-10-batches-py", per_batch=80)
     out = tmp_path / "grid"
     result = _invoke("--out", str(out), "--dataset", "cifar10", "--data-dir", str(data),
                      "--rounds", "2", "--seeds", "1", "--rules", "mean", "--scenarios",
