@@ -10,23 +10,24 @@ interruption, or with more seeds) computes only the cells that have none.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from common.process import ProcessOptions
+from common.process import ProcessOptions, check_stop
 from ps.experiments.grid import Cell
 
 CELLS_DIR = "cells"
 CLUSTER_DIR = "cluster"  # the run directories of cells run through the cluster
+STOP_POLL_S = 0.5  # how soon a stop request (SIGTERM, Ctrl-C) ends the cells running
 
 
 _datasets: dict[tuple[str, Path | None, int], Any] = {}
@@ -154,18 +155,36 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 
 def _computed(todo: list[Cell], how: CellRun) -> Iterator[tuple[Cell, dict[str, Any]]]:
     """(cell, result) as each finishes: a pool of reference-engine processes, or one
-    cluster after another."""
+    cluster after another. A stop request (SIGTERM, Ctrl-C) ends the pool's processes
+    within ``STOP_POLL_S`` (``Interrupted``): none is left computing."""
     args = (how.data_dir, how.eval_every, how.eval_samples)
     if how.engine == "cluster":
         for cell in todo:
+            check_stop()
             yield cell, run_cluster_cell(cell, how.out, *args)
         return
-    with ProcessPoolExecutor(max_workers=how.jobs, mp_context=get_context("spawn")) as pool:
-        running = {pool.submit(run_cell, c, *args): c for c in todo}
-        while running:
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                yield running.pop(future), future.result()
+    # (leaving the block terminates the processes, whatever ends it)
+    with multiprocessing.get_context("spawn").Pool(how.jobs, _ignore_interrupts) as pool:
+        finished = pool.imap_unordered(_run_numbered, [(i, c, args) for i, c in enumerate(todo)])
+        for _ in todo:
+            while True:
+                try:
+                    index, result = finished.next(timeout=STOP_POLL_S)
+                    break
+                except multiprocessing.TimeoutError:
+                    check_stop()
+            yield todo[index], result
+
+
+def _ignore_interrupts() -> None:
+    """(In a pool process.) Leave Ctrl-C to the parent, which stops the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_numbered(item: tuple[int, Cell, tuple[Any, ...]]) -> tuple[int, dict[str, Any]]:
+    """(In a pool process.) ``run_cell`` of the ``index``-th cell, with its index."""
+    index, cell, args = item
+    return index, run_cell(cell, *args)
 
 
 def verify_sample(cells: list[Cell], results: list[dict[str, Any]], count: int,

@@ -94,6 +94,48 @@ def test_a_grid_killed_midway_resumes_without_recomputing(tmp_path: Path) -> Non
     assert all(cell_path(out, c).exists() for c in cells)
 
 
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started (Linux /proc)."""
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children |= {int(c) for c in (task / "children").read_text().split()}
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_stopped_grid_ends_its_cells_processes_at_once(tmp_path: Path) -> None:
+    """SIGTERM to ps-experiment (not its process group) while two long cells run: it
+    exits 130 within seconds, and none of its cell processes is left computing."""
+    argv = [sys.executable, "-m", "ps.experiments.cli", "paper", "--out",
+            str(tmp_path / "grid"), "--dataset", "synthetic", "--rounds", "100000",
+            "--seeds", "1", "--rules", "mean,marmed", "--scenarios", "none", "--no-sweeps",
+            "--jobs", "2"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children := _children(process.pid)) < 2:
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "the cells' processes never started"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 130, process.stderr.read().decode()
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children):
+            assert time.monotonic() < deadline, "a cell's process outlived ps-experiment"
+            time.sleep(0.05)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def test_cells_through_the_cluster_match_the_reference_and_a_difference_fails(
         tmp_path: Path) -> None:
     out = tmp_path / "grid"
