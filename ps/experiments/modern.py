@@ -152,7 +152,10 @@ def modern_figure(out: Path, results: list[dict[str, Any]], metric: str,
         ax.set_title(f"worker momentum {beta:g}")
         ax.set_xlabel(f"attack (by the first {f} of the {n} workers)")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"final test {metric}")
-    fig.suptitle("Modern defences against modern attacks")
+    from ps.experiments.figures import run_caption
+
+    fig.suptitle("Modern defences against modern attacks: "
+                 + run_caption([r for r in results if r["figure"] == "modern"]), fontsize=9)
     return save(fig, out / "modern-grid.png")
 
 

@@ -38,7 +38,8 @@ def _record(seed: int, final: float, **fields) -> dict:
     return {"key": f"k{seed}{fields}", "rule": "mean", "defence": "mean", "q": 1,
             "worker_momentum": 0.0, "batch_size": 32, "seed": seed, "rounds": 4,
             "dataset": "synthetic", "seconds": 1.5, "params_sha256": "ab" * 32,
-            "points": points, **fields}
+            "num_workers": 5, "num_byzantine": 0 if fields.get("scenario") == "none" else 1,
+            "num_shards": 4, "points": points, **fields}
 
 
 def paper_results() -> list[dict]:
