@@ -116,6 +116,27 @@ def negate(outcome: Outcome) -> Outcome:
     return None if outcome is None else not outcome
 
 
+def ties(worst: list[float], others: dict[str, list[float]]) -> list[str] | None:
+    """A worst case's ties: the names in ``others`` (each a value per seed) whose mean is
+    not above the ``worst`` one's by the margin rule; None with a single seed (no spread
+    to rank by). A diverged value (NaN) counts as 0."""
+    if len(worst) < 2:
+        return None
+    low = Sample.of([_value(v) for v in worst])
+    return [name for name, values in others.items()
+            if below(low, Sample.of([_value(v) for v in values])) is not True]
+
+
+def ties_text(found: list[str] | None) -> str:
+    """``; ~ a, b`` after a worst case with ties, else nothing."""
+    return f"; ~ {', '.join(found)}" if found else ""
+
+
+TIES_RULE = (f"After *~*: the values not above the worst by the margin rule ({MARGIN_SE:g} "
+             "standard errors of the difference over seeds), so not ranked apart from it; "
+             "with a single seed nothing is ranked.")
+
+
 @dataclass
 class Verdict:
     """Whether a claim holds here (``outcome``: holds, differs, inconclusive, not run),

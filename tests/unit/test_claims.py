@@ -18,8 +18,13 @@ from ps.experiments.claims import (
     every,
     fixed,
     judge,
+    ties,
+    ties_text,
     within,
 )
+from ps.experiments.filereport import worst_cases
+from ps.experiments.gridfile import ReportAxes
+from ps.experiments.modern import modern_tables
 
 TIGHT = 0.002  # the seeds' offsets from the cell's mean: -TIGHT, 0, +TIGHT
 
@@ -175,3 +180,35 @@ def test_a_scaled_or_shifted_mean_keeps_its_error() -> None:
     assert (a * 0.5).se == pytest.approx(a.se / 2)
     assert (a + fixed(-0.05)).mean == pytest.approx(0.85)
     assert (a + fixed(-0.05)).se == pytest.approx(a.se)
+
+
+def test_a_worst_case_names_what_it_is_not_ranked_apart_from() -> None:
+    worst = [0.50, 0.51, 0.52]
+    assert ties(worst, {"a": [0.8, 0.81, 0.82], "b": [0.51, 0.52, 0.53]}) == ["b"]
+    assert ties(worst, {"a": [0.8, 0.81, 0.82]}) == []
+    assert ties([0.5], {"a": [0.9]}) is None  # one seed: nothing ranked
+    assert ties([float("nan")] * 2, {"a": [0.01, 0.01]}) == []  # diverged: 0, the worst
+    assert ties_text(["b", "c"]) == "; ~ b, c" and ties_text([]) == ties_text(None) == ""
+
+
+def _modern(defence: str, attack: str, finals: list[float]) -> list[dict]:
+    return [{"figure": "modern", "worker_momentum": 0.9, "defence": defence, "rule": defence,
+             "scenario": attack, "points": [{"top1": v}]} for v in finals]
+
+
+def test_the_modern_table_shows_the_attacks_tied_with_the_worst() -> None:
+    results = (_modern("krum", "alie", [0.50, 0.52]) + _modern("krum", "ipm", [0.51, 0.53])
+               + _modern("krum", "inf", [0.90, 0.91]))
+    table = "\n".join(modern_tables(results, "top1", ("alie", "ipm", "inf")))
+    assert "| 0.510 (alie; ~ ipm) |" in table
+
+
+def test_a_grid_files_worst_case_keeps_its_ties() -> None:
+    axes = ReportAxes("rule", "worker-momentum", "worker-attack")
+    results = [{"axes": {"rule": "krum", "worker-momentum": 0.9, "worker-attack": attack},
+                "defence": "krum", "points": [{"top1": v}]}
+               for attack, values in (("alie", [0.5, 0.52]), ("ipm", [0.51, 0.53]),
+                                      ("inf", [0.9, 0.91])) for v in values]
+    (table,) = worst_cases(results, "top1", axes, ()).values()
+    case = table[("krum", "0.9")]
+    assert (case.where, case.ties) == ("alie", ["ipm"])
