@@ -40,12 +40,19 @@ from ps.experiments.modern import (
     ModernSpec,
     modern_cells,
 )
+from ps.experiments.rebuild import (
+    VERIFY_FILE,
+    file_grid,
+    modern_grid,
+    paper_grid,
+    read_verification,
+    regenerate,
+)
 from ps.experiments.report import ReportInfo
 
 if TYPE_CHECKING:
     from ps.experiments.runner import CellRun
 
-VERIFY_FILE = "verify.json"  # the last --verify-sample results, shown in every report
 COMMAND = COMMANDS["ps-experiment"]
 DEPRECATED_WORKERS = "num_workers_deprecated"  # --num-workers, the old name of --workers
 MIN_WORKERS = 3  # a grid's attacks take the first 6/20 of the workers, at least one
@@ -141,20 +148,20 @@ class GridRun:
                                     num_workers=self.num_workers,
                                     **{"rounds": self.rounds, **changes})
 
-    def run(self, cells: list[Cell], metric: str,
-            write: Callable[[list, ReportInfo], Path]) -> None:
-        """Run (or read) every cell, verify a sample, write the outputs with ``write``;
-        exit 5 if a verified cell differs."""
+    def run(self, cells: list[Cell], metric: str, grid: dict[str, Any]) -> None:
+        """Run (or read) every cell, verify a sample, write the outputs of ``grid`` (a
+        ``rebuild`` description); exit 5 if a verified cell differs."""
         from ps.experiments.runner import CellRun
 
         execute(cells, CellRun(self.out, self.data_dir, self.eval_every, self.eval_samples,
-                               self.engine, self.jobs), self.verify_sample, metric, write)
+                               self.engine, self.jobs), self.verify_sample, metric, grid)
 
 
 def execute(cells: list[Cell], how: CellRun, verify_sample: int, metric: str,
-            write: Callable[[list, ReportInfo], Path]) -> None:
+            grid: dict[str, Any]) -> None:
     """Run (or read) every cell as ``how`` says, verify ``verify_sample`` of them through
-    the cluster, write the outputs with ``write``; exit 5 if a verified cell differs."""
+    the cluster, write results.jsonl, grid.json (``grid``: a ``rebuild`` description),
+    report.md and the figures; exit 5 if a verified cell differs."""
 
     def start() -> None:
         from ps.experiments import runner
@@ -163,12 +170,15 @@ def execute(cells: list[Cell], how: CellRun, verify_sample: int, metric: str,
         results = runner.run_cells(cells, how)
         checked = _verification(how.out, runner.verify_sample(
             cells, results, verify_sample, how) if verify_sample else None)
+        from ps.experiments.rebuild import render, write_grid
         from ps.experiments.report import write_results
 
         write_results(how.out, results)
         command = shlex.join(["ps-experiment", *sys.argv[1:]])
-        report = write(results, ReportInfo(command, time.monotonic() - started, metric,
-                                           how.engine, [], checked))
+        info = ReportInfo(command, time.monotonic() - started, metric, how.engine, [],
+                          checked)
+        write_grid(how.out, grid, info)
+        report = render(how.out, results, info, grid)
         click.echo(f"{len(results)} cells; report: {report}")
         if checked and not all(c["same"] for c in checked):
             differ = ", ".join(c["label"] for c in checked if not c["same"])
@@ -197,15 +207,7 @@ def paper(rules: str, scenarios: str, no_sweeps: bool, **values: Any) -> None:
     """
     grid = GridRun.take(values)
     spec = grid.spec(rules=_names(rules), scenarios=_names(scenarios), sweeps=not no_sweeps)
-
-    def write(results: list, info: ReportInfo) -> Path:
-        from ps.experiments.figures import draw_all
-        from ps.experiments.report import write_report
-
-        info.figures = draw_all(grid.out, results, info.metric)
-        return write_report(grid.out, results, info)
-
-    grid.run(paper_cells(spec), recipe(spec.dataset).metric, write)
+    grid.run(paper_cells(spec), recipe(spec.dataset).metric, paper_grid())
 
 
 @main.command(epilog=GRID_EPILOG)
@@ -248,20 +250,13 @@ def modern(defences: str, attacks: str, momenta: str, shards: int, **values: Any
             cell.configs()  # a bad rule, attack or momentum fails here, before any run
     except (ConfigError, RuleError) as e:
         raise click.UsageError(str(e)) from e
-
-    def write(results: list, info: ReportInfo) -> Path:
-        from ps.experiments.modern import write_modern_report
-        from ps.experiments.report import header, verification_lines
-
-        checked = verification_lines(info.verification) if info.verification else None
-        return write_modern_report(grid.out, results, info.metric, spec.attacks,
-                                   header(results, info), spec.grid.num_workers, checked)
-
-    grid.run(cells, recipe(spec.grid.dataset).metric, write)
+    grid.run(cells, recipe(spec.grid.dataset).metric,
+             modern_grid(spec.attacks, spec.grid.num_workers))
 
 
 class GridFileError(click.ClickException):
-    """A grid file refused before anything runs: its one line, exit 2."""
+    """A grid file refused before anything runs, or a grid directory without its
+    results: its one line, exit 2."""
 
     exit_code = EXIT_CONFIG
 
@@ -296,13 +291,7 @@ def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: 
     settings |= grid.invocation | given  # flag or variable > file > default
     how = CellRun(out, settings["data_dir"], settings["eval_every"], settings["eval_samples"],
                   engine, jobs)
-
-    def write(results: list, info: ReportInfo) -> Path:
-        from ps.experiments.filereport import write_file_report
-
-        return write_file_report(out, results, info, grid)
-
-    execute(grid.cells, how, verify_sample, _metric(grid), write)
+    execute(grid.cells, how, verify_sample, _metric(grid), file_grid(grid))
 
 
 def _metric(grid: GridFile) -> str:
@@ -310,6 +299,23 @@ def _metric(grid: GridFile) -> str:
     where they differ."""
     metrics = {recipe(c.run["dataset"]).metric for c in grid.cells}
     return metrics.pop() if len(metrics) == 1 else "top1"
+
+
+@main.command()
+@click.argument("directory", metavar="DIR",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+def report(directory: Path) -> None:
+    """Regenerate report.md and the figures of a finished grid in DIR (ps-experiment
+    paper, modern or run) from its results.jsonl (or results.jsonl.gz), grid.json and
+    verify.json alone: nothing runs and cells/ is not read.
+
+    Example: ps-experiment report docs/results/paper
+    """
+    try:
+        path = regenerate(directory)
+    except ConfigError as exc:
+        raise GridFileError(str(exc)) from None
+    click.echo(f"report: {path}")
 
 
 @main.command()
@@ -335,14 +341,10 @@ def grids(name: str | None) -> None:
 def _verification(out: Path, checked: list | None) -> list | None:
     """This invocation's ``--verify-sample`` results (kept in ``verify.json``), else the
     last ones kept."""
-    path = out / VERIFY_FILE
     if checked is not None:
-        path.write_text(json.dumps(checked, indent=2) + "\n", encoding="utf-8")
+        (out / VERIFY_FILE).write_text(json.dumps(checked, indent=2) + "\n", encoding="utf-8")
         return checked
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_verification(out)
 
 
 def _workers(workers: int, deprecated: int | None) -> int:

@@ -1,7 +1,11 @@
 """The grid's figures, in the paper's layout (Xie, Koyejo, Gupta 2018, Fig. 1-6): per
 scenario, test accuracy against rounds with one line per rule (the mean over seeds, a
 band from the lowest to the highest seed) beside a zoom on the rounds where the
-surviving rules converge; the q sweep and the batch-size sweep as their own figures.
+surviving rules converge (a second row where the scenarios stand side by side); the q
+sweep and the batch-size sweep as their own figures. Every accuracy axis has a chance line
+(k / classes for top-k, the classes from the dataset's spec), every line a marker of its
+rule (``ps.plots.style.line_style``), and every caption and title is computed from the
+results (dataset, n, f, S, rounds, seeds).
 
 Every figure is drawn from ``results`` (the records ``runner.run_cells`` returns, or
 ``results.jsonl`` regrouped), so a grid's figures can be redrawn without a run.
@@ -17,20 +21,47 @@ from typing import Any
 
 import numpy as np
 
+from common.data import dataset_shape
 from ps.experiments.grid import SCENARIOS
-from ps.plots.style import pyplot, rule_colour, save
+from ps.plots.style import line_style, pyplot, rule_colour, save
 
-SCENARIO_TITLES = {
-    "none": "no attack",
-    "gaussian": "Gaussian (6 of 20 workers, sd 200)",
-    "omniscient": "omniscient (6 of 20 workers, -1e20 × sum)",
-    "bitflip": "bit-flip (first 1000 coordinates, 1 of 20 values)",
-    "gambler": "gambler (20 servers, one attacked, p = 0.05 %)",
-}
 SHORT_TITLES = {"none": "no attack", "gaussian": "Gaussian", "omniscient": "omniscient",
                 "bitflip": "bit-flip", "gambler": "gambler"}
 METRIC_LABELS = {"top1": "test top-1 accuracy", "top3": "test top-3 accuracy"}
+TOP_K = {"top1": 1, "top3": 3}
 ZOOM_FROM = 0.4  # the zoom shows the rounds after this fraction of the run
+MARKS = 6  # markers per line
+
+
+def _values(results: Iterable[dict[str, Any]], key: str) -> str:
+    """The distinct values of ``key`` over ``results``, as text (``?`` if none has it)."""
+    values = sorted({r[key] for r in results if key in r})
+    return ", ".join(map(str, values)) or "?"
+
+
+def scenario_title(scenario: str, runs: list[dict[str, Any]], short: bool = False) -> str:
+    """A scenario's title, with the n, f and S of its ``runs``."""
+    if short:
+        return SHORT_TITLES.get(scenario, scenario)
+    n, f = _values(runs, "num_workers"), _values(runs, "num_byzantine")
+    return {"none": "no attack",
+            "gaussian": f"Gaussian ({f} of {n} workers, sd 200)",
+            "omniscient": f"omniscient ({f} of {n} workers, -1e20 × sum)",
+            "bitflip": f"bit-flip (first 1000 coordinates, 1 of {n} values)",
+            "gambler": f"gambler ({_values(runs, 'num_shards')} servers, one attacked, "
+                       "p = 0.05 %)"}.get(scenario, scenario)
+
+
+def chance(results: Iterable[dict[str, Any]], metric: str) -> float:
+    """The accuracy of a random guess: k / classes for top-k (the lowest over the
+    results' datasets)."""
+    classes = max(dataset_shape(d)[1] for d in {r["dataset"] for r in results})
+    return min(1.0, TOP_K[metric] / classes)
+
+
+def _chance_line(ax, level: float) -> None:
+    ax.axhline(level, color="0.35", linestyle=(0, (1, 2)), linewidth=1.0,
+               label=f"chance ({level:.2f})")
 
 
 def curves(results: Iterable[dict[str, Any]], metric: str
@@ -53,12 +84,15 @@ def _by(results: Iterable[dict[str, Any]], *keys: str) -> dict[tuple, list[dict[
     return grouped
 
 
-def _plot_rule(ax, rounds: np.ndarray, values: np.ndarray, label: str, colour: str) -> None:
-    """The mean over seeds, and the band between the lowest and the highest seed."""
-    ax.plot(rounds, np.nanmean(values, axis=0), color=colour, label=label, linewidth=1.6)
+def _plot_rule(ax, rounds: np.ndarray, values: np.ndarray, label: str,
+               style: dict[str, str]) -> None:
+    """The mean over seeds (``style``: its colour, marker, line style), and the band
+    between the lowest and the highest seed."""
+    ax.plot(rounds, np.nanmean(values, axis=0), label=label, linewidth=1.6, markersize=4,
+            markevery=max(1, len(rounds) // MARKS), **style)
     if len(values) > 1:
         ax.fill_between(rounds, np.nanmin(values, axis=0), np.nanmax(values, axis=0),
-                        color=colour, alpha=0.18, linewidth=0)
+                        color=style["color"], alpha=0.18, linewidth=0)
 
 
 def _zoom_limits(finals: list[float]) -> tuple[float, float]:
@@ -67,11 +101,18 @@ def _zoom_limits(finals: list[float]) -> tuple[float, float]:
     return max(0.0, best - 0.12), min(1.0, best + 0.03)
 
 
+def _zoom(ax, last: int, finals: list[float]) -> None:
+    """Limit ``ax`` to the late rounds around the best final values."""
+    ax.set_xlim(ZOOM_FROM * last, last)
+    ax.set_ylim(*_zoom_limits(finals))
+
+
 def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str,
-                  metric: str, rules: list[str], titles: dict[str, str] = SCENARIO_TITLES,
-                  ) -> None:
-    """One scenario: every rule's curve, and the zoom on the late rounds."""
-    grouped = _by((r for r in results if r["scenario"] == scenario), "rule")
+                  metric: str, rules: list[str], short: bool = False) -> None:
+    """One scenario: every rule's curve, the chance line, and the zoom on the late
+    rounds."""
+    runs = [r for r in results if r["scenario"] == scenario]
+    grouped = _by(runs, "rule")
     finals = []
     for rule in rules:
         if (rule,) not in grouped:
@@ -79,18 +120,17 @@ def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str
         rounds, values = curves(grouped[(rule,)], metric)
         for ax in (ax_full, ax_zoom):
             if ax is not None:
-                _plot_rule(ax, rounds, values, rule, rule_colour(rule))
+                _plot_rule(ax, rounds, values, rule, line_style(rule))
         final = np.nanmean(values[:, -1])
         if math.isfinite(final):
             finals.append(float(final))
-    ax_full.set_title(titles.get(scenario, scenario))
+    _chance_line(ax_full, chance(runs, metric))
+    ax_full.set_title(scenario_title(scenario, runs, short))
     ax_full.set_xlabel("round")
     ax_full.set_ylabel(METRIC_LABELS[metric])
     ax_full.set_ylim(0, 1)
     if ax_zoom is not None and finals:
-        last = max(r["rounds"] for r in results)
-        ax_zoom.set_xlim(ZOOM_FROM * last, last)
-        ax_zoom.set_ylim(*_zoom_limits(finals))
+        _zoom(ax_zoom, max(r["rounds"] for r in results), finals)
         ax_zoom.set_title("zoom: late rounds")
         ax_zoom.set_xlabel("round")
 
@@ -110,23 +150,29 @@ def grid_figures(out: Path, results: list[dict[str, Any]], metric: str) -> list[
         fig.suptitle(_caption(paper, metric), fontsize=9)
         paths.append(save(fig, out / f"accuracy-{scenario}.png"))
     if scenarios:
-        fig, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 4),
-                                 squeeze=False)
-        for ax, scenario in zip(axes[0], scenarios, strict=True):
-            draw_scenario(ax, None, paper, scenario, metric, rules, SHORT_TITLES)
+        fig, axes = plt.subplots(2, len(scenarios), figsize=(4.2 * len(scenarios), 7.5),
+                                 squeeze=False, constrained_layout=True)
+        for full, zoom, scenario in zip(axes[0], axes[1], scenarios, strict=True):
+            draw_scenario(full, zoom, paper, scenario, metric, rules, short=True)
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=len(labels),
-                   bbox_to_anchor=(0.5, -0.06))
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
         fig.suptitle(_caption(paper, metric), fontsize=10)
         paths.append(save(fig, out / "accuracy-grid.png"))
     return paths
 
 
+def run_caption(results: list[dict[str, Any]]) -> str:
+    """How the runs were made: dataset, n, f (the Byzantine workers of a worker attack),
+    S, rounds, seeds."""
+    return (f"{_values(results, 'dataset')}; n = {_values(results, 'num_workers')}, "
+            f"f = {_values(results, 'num_byzantine')}, S = {_values(results, 'num_shards')}; "
+            f"{_values(results, 'rounds')} rounds; {len({r['seed'] for r in results})} "
+            "seed(s)")
+
+
 def _caption(results: list[dict[str, Any]], metric: str) -> str:
-    datasets = ", ".join(sorted({r["dataset"] for r in results}))
-    seeds = len({r["seed"] for r in results})
-    return (f"{datasets}; n = 20; lines: mean over {seeds} seed(s), band: lowest to highest "
-            f"seed; {METRIC_LABELS[metric]}")
+    return (f"{run_caption(results)}; lines: mean over seeds, band: lowest to highest seed; "
+            f"{METRIC_LABELS[metric]}")
 
 
 def q_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str) -> Path | None:
@@ -141,12 +187,14 @@ def q_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str) -> Pat
         qs = [q for (q,), _ in points]
         finals = [[_finite(r["points"][-1][metric]) for r in group] for _, group in points]
         ax.errorbar(qs, [np.nanmean(f) for f in finals], yerr=[np.nanstd(f) for f in finals],
-                    marker="o", capsize=3, color=rule_colour(rule), label=rule)
+                    capsize=3, label=rule, **line_style(rule))
+    _chance_line(ax, chance(sweep, metric))
     ax.set_title("q sweep under bit-flip: final accuracy")
     ax.set_xlabel("q (Byzantine values assumed per coordinate)")
     ax.set_ylabel(f"final {METRIC_LABELS[metric]}")
     ax.set_ylim(0, 1)
     ax.legend()
+    fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
     return save(fig, out / "q-sweep.png")
 
 
@@ -163,7 +211,8 @@ def batch_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(groups)))
     for ((batch,), runs), colour in zip(groups, colours, strict=True):
         rounds, values = curves(runs, metric)
-        _plot_rule(left, rounds, values, f"batch {batch}", colour)
+        _plot_rule(left, rounds, values, f"batch {batch}", {"color": colour, "marker": "o"})
+    _chance_line(left, chance(sweep, metric))
     left.set_title("Mean without attack, lr = base lr × batch / base batch")
     left.set_xlabel("round")
     left.set_ylabel(METRIC_LABELS[metric])
@@ -174,7 +223,9 @@ def batch_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str
     right.errorbar(batches, [np.nanmean(f) for f in finals],
                    yerr=[np.nanstd(f) for f in finals], marker="o", capsize=3,
                    color=rule_colour("mean"))
+    _chance_line(right, chance(sweep, metric))
     right.set_xscale("log", base=2)
+    fig.suptitle(run_caption(sweep), fontsize=9)
     right.set_title("final accuracy against batch size")
     right.set_xlabel("batch size")
     right.set_ylabel(f"final {METRIC_LABELS[metric]}")
@@ -191,10 +242,8 @@ def draw_all(out: Path, results: list[dict[str, Any]], metric: str) -> list[Path
 
 def _file_caption(results: list[dict[str, Any]], metric: str, axes) -> str:
     """How a grid file's worst-case figure was made, from its results."""
-    datasets = ", ".join(sorted({r["dataset"] for r in results}))
-    seeds = len({r["seed"] for r in results})
-    return (f"{datasets}; {seeds} seed(s); worst case over {axes.worst_over} of the mean "
-            f"final {METRIC_LABELS[metric]} over seeds")
+    return (f"{run_caption(results)}; worst case over {axes.worst_over} of the mean final "
+            f"{METRIC_LABELS[metric]} over seeds")
 
 
 def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
@@ -231,27 +280,35 @@ def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], me
     return save(fig, out / "worst-case.png")
 
 
-MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
-
-
 def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
                       results: list[dict[str, Any]]) -> Path:
     """``worst-curves.png``: accuracy against rounds of each row at its worst case, one
-    panel per column (and value of the other axes); the band spans the seeds."""
+    panel per column (and value of the other axes), above a zoom on the late rounds near
+    the best final; the band spans the seeds."""
     plt = pyplot()
     panels = [(panel, column, {r: case for (r, c), case in table.items() if c == column})
               for panel, table in cases.items()
               for column in dict.fromkeys(c for _, c in table)]
     rows = list(dict.fromkeys(r for _, _, lines in panels for r in lines))
-    fig, grid = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4), squeeze=False)
-    for ax, (panel, column, lines) in zip(grid[0], panels, strict=True):
-        for i, row in enumerate(rows):
+    fig, grid = plt.subplots(2, len(panels), figsize=(4.4 * len(panels), 7.5), squeeze=False,
+                             constrained_layout=True)
+    level = chance(results, metric)
+    last = max(r["rounds"] for r in results)
+    for ax, zoom, (panel, column, lines) in zip(grid[0], grid[1], panels, strict=True):
+        finals = []
+        for row in rows:
             if row not in lines:
                 continue
             rounds, values = curves(lines[row].runs, metric)
-            _plot_rule(ax, rounds, values, row, rule_colour(row))
-            ax.lines[-1].set_marker(MARKERS[i % len(MARKERS)])
-            ax.lines[-1].set_markevery(max(1, len(rounds) // 6))
+            for target in (ax, zoom):
+                _plot_rule(target, rounds, values, row, line_style(row))
+            if math.isfinite(lines[row].mean):
+                finals.append(lines[row].mean)
+        _chance_line(ax, level)
+        if finals:
+            _zoom(zoom, last, finals)
+        zoom.set_title("zoom: late rounds", fontsize=9)
+        zoom.set_xlabel("round")
         title = ", ".join(f"{a} = {v}" for a, v in
                           [*zip(others, panel, strict=True), (axes.columns, column)])
         ax.set_title(title, fontsize=9)
@@ -259,7 +316,6 @@ def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], met
         ax.set_ylabel(METRIC_LABELS[metric])
         ax.set_ylim(0, 1)
     handles, labels = grid[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6),
-               bbox_to_anchor=(0.5, -0.08))
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
     fig.suptitle(_file_caption(results, metric, axes) + f"; lines: {axes.rows}", fontsize=9)
     return save(fig, out / "worst-curves.png")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ps.experiments.claims import TIES_RULE, ties, ties_text
 from ps.experiments.gridfile import DEFENCE, GridFile, ReportAxes, value_text
 from ps.experiments.report import ReportInfo, header, verification_lines
 
@@ -44,7 +45,7 @@ def _spread_text(mean: float, std: float, seeds: int) -> str:
     return f"{mean:.3f}" if seeds == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class WorstCase:
     """A row's worst case over ``worst_over`` at one column (and one panel)."""
 
@@ -53,6 +54,7 @@ class WorstCase:
     seeds: int
     where: str  # the value of the worst_over axis that gives it
     runs: list[dict[str, Any]]  # its cells, one per seed
+    ties: list[str] | None = None  # values not ranked apart from it (None: one seed)
 
 
 def worst_cases(results: list[dict[str, Any]], metric: str, axes: ReportAxes,
@@ -66,12 +68,19 @@ def worst_cases(results: list[dict[str, Any]], metric: str, axes: ReportAxes,
         grouped[(tuple(axis_value(r, a) for a in others), axis_value(r, axes.rows),
                  axis_value(r, axes.columns), axis_value(r, axes.worst_over))].append(r)
     out: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]] = defaultdict(dict)
+    finals: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
     for (panel, row, column, where), runs in grouped.items():
-        mean, std = _spread([final(r, metric) for r in runs])
+        finals[(panel, row, column)][where] = [final(r, metric) for r in runs]
+        mean, std = _spread(finals[(panel, row, column)][where])
         case = WorstCase(mean, std, len(runs), where, runs)
         previous = out[panel].get((row, column))
         if previous is None or _worse(case, previous):
             out[panel][(row, column)] = case
+    for panel, table in out.items():
+        for (row, column), case in table.items():
+            values = finals[(panel, row, column)]
+            case.ties = ties(values[case.where], {w: v for w, v in values.items()
+                                                  if w != case.where})
     return dict(out)
 
 
@@ -137,7 +146,7 @@ def _worst_tables(cases: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]]
     seed spread and the value that gives it."""
     lines = ["", f"## Worst case over {axes.worst_over}: final test {metric}", "",
              f"Each entry: the lowest mean over seeds (± its std) among the values of "
-             f"{axes.worst_over}, and that value."]
+             f"{axes.worst_over}, and that value. {TIES_RULE}"]
     for panel, table in cases.items():
         rows = list(dict.fromkeys(r for r, _ in table))
         columns = list(dict.fromkeys(c for _, c in table))
@@ -150,6 +159,7 @@ def _worst_tables(cases: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]]
             for column in columns:
                 case = table.get((row, column))
                 cells.append("-" if case is None else
-                             f"{_spread_text(case.mean, case.std, case.seeds)} ({case.where})")
+                             f"{_spread_text(case.mean, case.std, case.seeds)} "
+                             f"({case.where}{ties_text(case.ties)})")
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines

@@ -109,8 +109,11 @@ class Cell:
 
     def tags(self) -> dict[str, Any]:
         """What the cell's result records beside its run's (a cached run may serve cells
-        of several figures)."""
-        return {"figure": self.figure}
+        of several figures), and n, f and S for the figures' captions."""
+        cfg, attack = self.configs()
+        return {"figure": self.figure, "num_workers": cfg.num_workers,
+                "num_byzantine": sum(map(attack.is_byzantine, range(cfg.num_workers))),
+                "num_shards": cfg.num_shards}
 
     def label(self) -> str:
         extra = f" q={self.run['q']}" if self.figure == "q-sweep" else ""

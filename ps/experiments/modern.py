@@ -23,6 +23,7 @@ import numpy as np
 from common.errors import ConfigError
 from common.rules import rule_names
 from common.rules.pre import pre_names
+from ps.experiments.claims import TIES_RULE, ties, ties_text
 from ps.experiments.grid import Cell, GridSpec, byzantine_workers, largest_q
 
 MODERN_DEFENCES = ("mean", "trimmed-mean", "nnm+trimmed-mean", "krum", "nnm+krum",
@@ -116,7 +117,10 @@ def modern_tables(results: list[dict[str, Any]], metric: str, attacks: tuple[str
             attacked = {a: _mean(row[a]) for a in cols if a != "none" and row.get(a)}
             worst = min(attacked.items(), key=lambda kv: kv[1] if np.isfinite(kv[1])
                         else -1.0, default=None)
-            worst_text = "-" if worst is None else f"{worst[1]:.3f} ({worst[0]})"
+            worst_text = "-" if worst is None else (
+                f"{worst[1]:.3f} ({worst[0]}"
+                + ties_text(ties(row[worst[0]], {a: row[a] for a in attacked
+                                                 if a != worst[0]})) + ")")
             lines.append(f"| {defence} | " + " | ".join(_text(row.get(a, [])) for a in cols)
                          + f" | {worst_text} |")
     return lines
@@ -152,7 +156,10 @@ def modern_figure(out: Path, results: list[dict[str, Any]], metric: str,
         ax.set_title(f"worker momentum {beta:g}")
         ax.set_xlabel(f"attack (by the first {f} of the {n} workers)")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"final test {metric}")
-    fig.suptitle("Modern defences against modern attacks")
+    from ps.experiments.figures import run_caption
+
+    fig.suptitle("Modern defences against modern attacks: "
+                 + run_caption([r for r in results if r["figure"] == "modern"]), fontsize=9)
     return save(fig, out / "modern-grid.png")
 
 
@@ -166,7 +173,7 @@ def write_modern_report(out: Path, results: list[dict[str, Any]], metric: str,
     lines = [*header, "", "## Final accuracy by defence and attack", "",
              f"Attacks by the first {f} of the {num_workers} workers; every rule told q = {f} "
              "(or the largest q it accepts below that). *worst attack*: the lowest final "
-             "accuracy over the attacks."]
+             f"accuracy over the attacks. {TIES_RULE}"]
     lines += modern_tables(results, metric, attacks)
     if figure is not None:
         lines += ["", f"![{figure.name}]({figure.name})"]

@@ -11,7 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ps.experiments.claims import CLAIMS, CLOSE, CONVERGED, FAIL_MARGIN, NEAR, Measures, judge
+from ps.experiments.claims import (
+    CLAIMS,
+    CLOSE,
+    CONVERGED,
+    DIFFERS,
+    FAIL_MARGIN,
+    HOLDS,
+    INCONCLUSIVE,
+    MARGIN_SE,
+    NEAR,
+    NOT_RUN,
+    Measures,
+    judge,
+)
 from ps.experiments.grid import SCENARIOS
 
 
@@ -116,18 +129,25 @@ def _figures(names: set[str], wanted: list[str]) -> list[str]:
 def _claims(results: list[dict[str, Any]], metric: str) -> list[str]:
     measures = Measures(results, metric)
     verdicts = [(c, judge(c, measures)) for c in CLAIMS]
-    held = sum(v.holds is True for _, v in verdicts)
-    differ = sum(v.holds is False for _, v in verdicts)
+    count = {o: sum(v.outcome == o for _, v in verdicts)
+             for o in (HOLDS, DIFFERS, INCONCLUSIVE, NOT_RUN)}
     lines = ["", "## The paper's claims", "",
-             f"{held} hold, {differ} differ, {len(verdicts) - held - differ} not run. "
+             f"{count[HOLDS]} hold, {count[DIFFERS]} differ, {count[INCONCLUSIVE]} "
+             f"inconclusive, {count[NOT_RUN]} not run. "
              "Thresholds (`ps/experiments/claims.py`): fails = final below chance + "
              f"{FAIL_MARGIN}; converges = final ≥ {CONVERGED} × Mean's without attack; ~ = "
              f"within {CLOSE}; close = within {NEAR}; speed = mean {metric} over all "
-             "evaluations (area under the curve).", "",
+             f"evaluations (area under the curve). Margin rule: a difference of means (or "
+             f"of a mean and a threshold) decides only beyond {MARGIN_SE:g} standard errors "
+             "of the difference, SE = √(s₁²/n₁ + s₂²/n₂) over seeds; inside it, or with a "
+             "single seed (no spread), the claim is inconclusive. Numbers: mean over seeds "
+             f"± {MARGIN_SE:g} standard errors.", "",
              "| scenario | the paper says | here | numbers |", "|---|---|---|---|"]
     for claim, verdict in verdicts:
-        mark = {True: "holds", False: "**differs**", None: "not run"}[verdict.holds]
-        why = f" *Why*: {claim.why_not}" if verdict.holds is False and claim.why_not else ""
+        mark = {HOLDS: "holds", DIFFERS: "**differs**", INCONCLUSIVE: "inconclusive",
+                NOT_RUN: "not run"}[verdict.outcome]
+        why = f" *Why*: {claim.why_not}" if verdict.outcome == DIFFERS and claim.why_not \
+            else ""
         lines.append(f"| {claim.scenario} | {claim.text} | {mark} | {verdict.evidence}.{why} |")
     return lines
 

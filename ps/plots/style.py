@@ -1,5 +1,5 @@
 """One look for every figure the project draws: a non-interactive backend, one colour
-per rule (the same in every figure), readable sizes, and how a figure is saved."""
+and one marker per rule (the same in every figure), readable sizes, and how a figure is saved."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ RULE_COLOURS = {
     "bulyan": "#e377c2",
 }
 OTHER_COLOURS = ("#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+# one marker per rule, so that lines of near colours (or printed in grey) stay apart
+RULE_MARKERS = {"mean": "o", "medoid": "s", "krum": "^", "multikrum": "v", "geomed": "D",
+                "marmed": "P", "meamed": "X", "trimmed-mean": "*", "bulyan": "h"}
+OTHER_MARKERS = ("<", ">", "p", "d", "8", "H")
+# a defence PRE+RULE: the rule's colour and marker, a line style per pre-aggregation
+PRE_STYLES = {"": "-", "nnm": "--", "bucketing": ":"}
+OTHER_PRE_STYLE = "-."
 DPI = 110
 
 
@@ -49,6 +56,23 @@ def rule_colour(rule: str) -> str:
     if rule in RULE_COLOURS:
         return RULE_COLOURS[rule]
     return OTHER_COLOURS[sum(rule.encode()) % len(OTHER_COLOURS)]
+
+
+def rule_marker(rule: str) -> str:
+    """The marker of ``rule`` in every figure (rules outside the table get a stable one)."""
+    if rule in RULE_MARKERS:
+        return RULE_MARKERS[rule]
+    return OTHER_MARKERS[sum(rule.encode()) % len(OTHER_MARKERS)]
+
+
+def line_style(name: str) -> dict[str, str]:
+    """Matplotlib line keywords of a rule or a defence ``PRE+...+RULE``: the rule's
+    colour and marker, a dashed (NNM), dotted (bucketing) or dash-dot line after a
+    pre-aggregation chain."""
+    *pre, rule = name.split("+")
+    chain = "+".join(pre)
+    return {"color": rule_colour(rule), "marker": rule_marker(rule),
+            "linestyle": PRE_STYLES.get(chain, OTHER_PRE_STYLE)}
 
 
 def save(fig: Figure, path: Path) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,12 @@ def test_a_quick_grid_writes_results_report_claims_and_figures(tmp_path: Path) -
         assert _is_png(out / name), name
         assert f"![{name}]({name})" in report
     assert not (out / "q-sweep.png").exists()  # --no-sweeps
+    # the report again from results.jsonl and grid.json alone, without the cache
+    shutil.rmtree(out / "cells")
+    (out / "report.md").unlink()
+    again = CliRunner().invoke(main, ["report", str(out)])
+    assert again.exit_code == 0, again.output
+    assert (out / "report.md").read_text() == report
 
 
 def test_a_grid_killed_midway_resumes_without_recomputing(tmp_path: Path) -> None:

@@ -211,7 +211,8 @@ def test_every_flag_of_every_command_is_in_the_readme_settings_table() -> None:
 def test_each_command_takes_exactly_the_settings_its_table_entry_names(name: str) -> None:
     command = _entry_points()[name]
     # ps-experiment run: a grid file's run settings are in the file, the rest are flags
-    own = {("ps-experiment", "run"): INVOCATION.settings(), ("ps-experiment", "grids"): []}
+    own = {("ps-experiment", "run"): INVOCATION.settings(), ("ps-experiment", "grids"): [],
+           ("ps-experiment", "report"): []}
     for sub in getattr(command, "commands", {}).values() or [command]:
         wanted = [d.param for d in own.get((name, sub.name), COMMANDS[name].settings())]
         taken = [p.name for p in sub.params if isinstance(p, click.Option) and p.envvar]

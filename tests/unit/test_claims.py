@@ -1,0 +1,214 @@
+"""The verdicts on the paper's claims (``ps/experiments/claims.py``): the margin rule
+(a difference decides only beyond ``MARGIN_SE`` standard errors over seeds), and each
+claim holding, differing and inconclusive on constructed results."""
+
+from __future__ import annotations
+
+import pytest
+
+from ps.experiments.claims import (
+    CLAIMS,
+    DIFFERS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_RUN,
+    Measures,
+    Sample,
+    below,
+    every,
+    fixed,
+    judge,
+    ties,
+    ties_text,
+    within,
+)
+from ps.experiments.filereport import worst_cases
+from ps.experiments.gridfile import ReportAxes
+from ps.experiments.modern import modern_tables
+
+TIGHT = 0.002  # the seeds' offsets from the cell's mean: -TIGHT, 0, +TIGHT
+
+# (rule, scenario) -> (final, speed): a grid where every claim of the paper holds
+HOLDING: dict[tuple[str, str], tuple[float, float]] = {
+    **{(r, "none"): v for r, v in {
+        "mean": (0.90, 0.80), "medoid": (0.88, 0.60), "krum": (0.88, 0.62),
+        "multikrum": (0.90, 0.79), "geomed": (0.90, 0.79), "marmed": (0.89, 0.75),
+        "meamed": (0.90, 0.79)}.items()},
+    **{(r, "gaussian"): (v, v - 0.1) for r, v in {
+        "mean": 0.05, "medoid": 0.83, "krum": 0.84, "multikrum": 0.89, "geomed": 0.90,
+        "marmed": 0.88, "meamed": 0.90}.items()},
+    **{(r, "omniscient"): v for r, v in {
+        "mean": (0.0, 0.0), "medoid": (0.05, 0.05), "krum": (0.85, 0.5),
+        "multikrum": (0.88, 0.78), "geomed": (0.6, 0.5), "marmed": (0.5, 0.4),
+        "meamed": (0.90, 0.79)}.items()},
+    **{(r, "bitflip"): (v, v) for r, v in {
+        "mean": 0.1, "medoid": 0.1, "krum": 0.1, "multikrum": 0.1, "geomed": 0.1,
+        "marmed": 0.88, "meamed": 0.89}.items()},
+    **{(r, "gambler"): (v, 0.7) for r, v in {
+        "mean": 0.1, "medoid": 0.1, "krum": 0.1, "multikrum": 0.1, "geomed": 0.1,
+        "marmed": 0.86, "meamed": 0.87}.items()},
+    **{(r, f"q={q}"): (0.1, 0.1) for r in ("krum", "multikrum") for q in (2, 4)},
+}
+
+
+def results(cells: dict[tuple[str, str], tuple[float, float]],
+            offsets: tuple[float, ...] = (-TIGHT, 0.0, TIGHT)) -> list[dict]:
+    """One record per seed: two evaluations whose mean is the speed, the last the
+    final; ``(rule, "q=Q")`` is a q-sweep cell under bit-flip."""
+    out = []
+    for (rule, scenario), (final, speed) in cells.items():
+        for seed, d in enumerate(offsets):
+            points = [{"round": 0, "top1": 2 * speed - final + d},
+                      {"round": 1, "top1": final + d}]
+            if scenario.startswith("q="):
+                out.append({"figure": "q-sweep", "rule": rule, "scenario": "bitflip",
+                            "q": int(scenario[2:]), "seed": seed, "points": points})
+            else:
+                out.append({"figure": "paper", "rule": rule, "scenario": scenario,
+                            "q": 8, "seed": seed, "points": points})
+    return out
+
+
+def test_below_decides_only_beyond_the_margin() -> None:
+    assert below(Sample.of([0.5, 0.51, 0.52]), Sample.of([0.7, 0.71, 0.72])) is True
+    assert below(Sample.of([0.7, 0.71, 0.72]), Sample.of([0.5, 0.51, 0.52])) is False
+    # the same means 0.51 and 0.53, tight then wide seeds: decided, then inconclusive
+    assert below(Sample.of([0.509, 0.51, 0.511]), Sample.of([0.529, 0.53, 0.531])) is True
+    assert below(Sample.of([0.46, 0.51, 0.56]), Sample.of([0.48, 0.53, 0.58])) is None
+    # a single seed has no spread: inconclusive whatever the difference
+    assert below(Sample.of([0.1]), fixed(0.9)) is None
+    assert below(fixed(0.1), Sample.of([0.9])) is None
+
+
+def test_within_is_an_equivalence_test() -> None:
+    a = Sample.of([0.899, 0.9, 0.901])
+    assert within(a, Sample.of([0.889, 0.89, 0.891]), 0.02) is True
+    assert within(a, Sample.of([0.849, 0.85, 0.851]), 0.02) is False
+    assert within(a, Sample.of([0.879, 0.88, 0.881]), 0.02) is None  # gap = tolerance
+    assert within(a, Sample.of([0.9]), 0.02) is None
+
+
+def test_every_is_kleenes_and() -> None:
+    assert every([True, True]) is True
+    assert every([True, None]) is None
+    assert every([None, False]) is False
+    assert every([]) is True
+
+
+def test_every_claim_holds_on_a_grid_built_to_satisfy_it() -> None:
+    measures = Measures(results(HOLDING), "top1")
+    outcomes = {c.text: judge(c, measures).outcome for c in CLAIMS}
+    assert outcomes == {c.text: HOLDS for c in CLAIMS}
+
+
+def test_a_single_seed_makes_every_claim_inconclusive() -> None:
+    measures = Measures(results(HOLDING, offsets=(0.0,)), "top1")
+    for claim in CLAIMS:
+        v = judge(claim, measures)
+        assert v.outcome == INCONCLUSIVE, claim.text
+        assert "(1 seed)" in v.evidence
+
+
+# claim -> (a change that makes it differ, a change that puts it inside the margin)
+CHANGES: dict[tuple[str, str], tuple[dict, dict]] = {
+    ("none", "all rules converge"): (
+        {("medoid", "none"): (0.5, 0.5)}, {("medoid", "none"): (0.81, 0.6)}),
+    ("none", "GeoMed, Multi-Krum and MeaMed ~ Mean"): (
+        {("geomed", "none"): (0.85, 0.79)}, {("geomed", "none"): (0.88, 0.79)}),
+    ("none", "MarMed slightly slower than Mean"): (
+        {("marmed", "none"): (0.89, 0.85)}, {("marmed", "none"): (0.89, 0.80)}),
+    ("none", "Krum and Medoid slowest"): (
+        {("krum", "none"): (0.88, 0.9)}, {("krum", "none"): (0.88, 0.75)}),
+    ("gaussian", "Mean fails"): (
+        {("mean", "gaussian"): (0.5, 0.4)}, {("mean", "gaussian"): (0.2, 0.1)}),
+    ("gaussian", "the other rules converge"): (
+        {("krum", "gaussian"): (0.3, 0.2)}, {("krum", "gaussian"): (0.81, 0.7)}),
+    ("gaussian", "GeoMed and MeaMed ~ no attack"): (
+        {("geomed", "gaussian"): (0.8, 0.7)}, {("geomed", "gaussian"): (0.88, 0.78)}),
+    ("gaussian", "Medoid and Krum the worst of the survivors"): (
+        {("krum", "gaussian"): (0.95, 0.85)}, {("krum", "gaussian"): (0.88, 0.78)}),
+    ("omniscient", "MeaMed ~ no attack"): (
+        {("meamed", "omniscient"): (0.8, 0.7)}, {("meamed", "omniscient"): (0.88, 0.78)}),
+    ("omniscient", "Multi-Krum close to no attack"): (
+        {("multikrum", "omniscient"): (0.7, 0.6)},
+        {("multikrum", "omniscient"): (0.85, 0.78)}),
+    ("omniscient", "Krum slower (than MeaMed and Multi-Krum), but converges"): (
+        {("krum", "omniscient"): (0.85, 0.85)}, {("krum", "omniscient"): (0.85, 0.78)}),
+    ("omniscient", "GeoMed and MarMed converge to bad solutions"): (
+        {("geomed", "omniscient"): (0.9, 0.8)}, {("geomed", "omniscient"): (0.85, 0.7)}),
+    ("omniscient", "Mean and Medoid fail"): (
+        {("medoid", "omniscient"): (0.9, 0.8)}, {("medoid", "omniscient"): (0.2, 0.1)}),
+    ("bitflip", "only MarMed and MeaMed converge"): (
+        {("krum", "bitflip"): (0.9, 0.9)}, {("krum", "bitflip"): (0.81, 0.81)}),
+    ("bitflip", "Krum-based rules stuck whatever q"): (
+        {("krum", "q=2"): (0.8, 0.8)}, {("krum", "q=2"): (0.2, 0.2)}),
+    ("gambler", "only MarMed and MeaMed survive"): (
+        {("meamed", "gambler"): (0.1, 0.1)}, {("meamed", "gambler"): (0.81, 0.7)}),
+    ("gambler", "MarMed and MeaMed slightly slower than Mean without attack"): (
+        {("marmed", "gambler"): (0.86, 0.9)}, {("marmed", "gambler"): (0.85, 0.7)}),
+}
+
+
+def test_every_claim_has_its_changes() -> None:
+    assert set(CHANGES) == {(c.scenario, c.text) for c in CLAIMS}
+
+
+@pytest.mark.parametrize("scenario,text", list(CHANGES), ids=[t for _, t in CHANGES])
+def test_each_claim_differs_and_is_inconclusive(scenario: str, text: str) -> None:
+    claim = next(c for c in CLAIMS if (c.scenario, c.text) == (scenario, text))
+    differ, inside = CHANGES[(scenario, text)]
+    assert judge(claim, Measures(results({**HOLDING, **differ}), "top1")).outcome == DIFFERS
+    assert judge(claim, Measures(results({**HOLDING, **inside}), "top1")).outcome \
+        == INCONCLUSIVE
+
+
+def test_a_claim_without_its_runs_is_not_run() -> None:
+    claim = next(c for c in CLAIMS if c.text == "Mean fails")
+    cells = {k: v for k, v in HOLDING.items() if k != ("mean", "gaussian")}
+    v = judge(claim, Measures(results(cells), "top1"))
+    assert v.outcome == NOT_RUN and "mean/gaussian" in v.evidence
+
+
+def test_a_rule_that_does_not_survive_is_not_the_worst_survivor() -> None:
+    claim = next(c for c in CLAIMS if c.text == "Medoid and Krum the worst of the survivors")
+    v = judge(claim, Measures(results({**HOLDING, ("krum", "gaussian"): (0.3, 0.2)}), "top1"))
+    assert v.outcome == DIFFERS
+
+
+def test_a_scaled_or_shifted_mean_keeps_its_error() -> None:
+    a = Sample.of([0.8, 0.9, 1.0])
+    assert (a * 0.5).se == pytest.approx(a.se / 2)
+    assert (a + fixed(-0.05)).mean == pytest.approx(0.85)
+    assert (a + fixed(-0.05)).se == pytest.approx(a.se)
+
+
+def test_a_worst_case_names_what_it_is_not_ranked_apart_from() -> None:
+    worst = [0.50, 0.51, 0.52]
+    assert ties(worst, {"a": [0.8, 0.81, 0.82], "b": [0.51, 0.52, 0.53]}) == ["b"]
+    assert ties(worst, {"a": [0.8, 0.81, 0.82]}) == []
+    assert ties([0.5], {"a": [0.9]}) is None  # one seed: nothing ranked
+    assert ties([float("nan")] * 2, {"a": [0.01, 0.01]}) == []  # diverged: 0, the worst
+    assert ties_text(["b", "c"]) == "; ~ b, c" and ties_text([]) == ties_text(None) == ""
+
+
+def _modern(defence: str, attack: str, finals: list[float]) -> list[dict]:
+    return [{"figure": "modern", "worker_momentum": 0.9, "defence": defence, "rule": defence,
+             "scenario": attack, "points": [{"top1": v}]} for v in finals]
+
+
+def test_the_modern_table_shows_the_attacks_tied_with_the_worst() -> None:
+    results = (_modern("krum", "alie", [0.50, 0.52]) + _modern("krum", "ipm", [0.51, 0.53])
+               + _modern("krum", "inf", [0.90, 0.91]))
+    table = "\n".join(modern_tables(results, "top1", ("alie", "ipm", "inf")))
+    assert "| 0.510 (alie; ~ ipm) |" in table
+
+
+def test_a_grid_files_worst_case_keeps_its_ties() -> None:
+    axes = ReportAxes("rule", "worker-momentum", "worker-attack")
+    results = [{"axes": {"rule": "krum", "worker-momentum": 0.9, "worker-attack": attack},
+                "defence": "krum", "points": [{"top1": v}]}
+               for attack, values in (("alie", [0.5, 0.52]), ("ipm", [0.51, 0.53]),
+                                      ("inf", [0.9, 0.91])) for v in values]
+    (table,) = worst_cases(results, "top1", axes, ()).values()
+    case = table[("krum", "0.9")]
+    assert (case.where, case.ties) == ("alie", ["ipm"])
