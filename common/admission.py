@@ -89,9 +89,13 @@ class Admission:
             unnamed.append(now)
             return Decision(True, identity)
 
-    def named(self, identity: Identity, now: float) -> None:
-        """A message named one of ``identity``'s connections (the guard attributed it):
-        it counts in ``live`` from now on, not as a pending handshake as well."""
+    def named(self, identity: Identity, now: float, age_s: float = 0.0) -> None:
+        """A message named one of ``identity``'s connections, accepted ``age_s`` ago (the
+        guard attributed it): it counts in ``live`` from now on, not as a pending
+        handshake as well. A connection older than ``pending_s`` has no pending entry
+        left, and takes none of a newer connection's."""
+        if age_s >= self.pending_s:
+            return
         with self._lock:
             pending = self._pending(identity, now)
             if pending:

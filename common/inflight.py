@@ -123,7 +123,7 @@ class InflightGuard:
 
     def __init__(self, sock: zmq.Socket, *, limit: int, first_limit: int, curve: bool,
                  tcp_info: bool, on_offence: Offence, max_connections: int | None = None,
-                 on_named: Callable[[Identity], None] | None = None,
+                 on_named: Callable[[Identity, float], None] | None = None,
                  interval_s: float = INTERVAL_S, idle_cut_s: float = IDLE_CUT_S) -> None:
         self.limit = limit
         self.first_limit = first_limit
@@ -131,7 +131,9 @@ class InflightGuard:
         self.tcp_info = tcp_info
         self.on_offence = on_offence
         self.max_connections = max_connections
-        self.on_named = on_named  # a connection attributed to a key (Admission.named)
+        # a connection attributed to a key, and how long ago it was accepted
+        # (Admission.named)
+        self.on_named = on_named
         self.interval_s = interval_s
         self.idle_cut_s = idle_cut_s
         self.cuts = 0
@@ -171,7 +173,7 @@ class InflightGuard:
             else:
                 conn.identity = identity
                 if self.on_named is not None:
-                    self.on_named(identity)
+                    self.on_named(identity, time.monotonic() - conn.accepted)
         conn.delivered += wire
 
     def connections(self, identity: Identity) -> int:

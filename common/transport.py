@@ -358,9 +358,9 @@ class Listener:
         if self.admission is not None:
             self.admission.live = self.guard.connections
 
-    def _named(self, identity: Identity) -> None:
+    def _named(self, identity: Identity, age_s: float) -> None:
         if self.admission is not None:
-            self.admission.named(identity, time.monotonic())
+            self.admission.named(identity, time.monotonic(), age_s)
 
     def _offended(self, identity: Identity | None, why: str) -> None:
         """(In the guard's thread.) Bar the key now, so its next handshake is refused

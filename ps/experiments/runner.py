@@ -10,7 +10,6 @@ interruption, or with more seeds) computes only the cells that have none.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import shutil
@@ -18,7 +17,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -156,35 +157,44 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 def _computed(todo: list[Cell], how: CellRun) -> Iterator[tuple[Cell, dict[str, Any]]]:
     """(cell, result) as each finishes: a pool of reference-engine processes, or one
     cluster after another. A stop request (SIGTERM, Ctrl-C) ends the pool's processes
-    within ``STOP_POLL_S`` (``Interrupted``): none is left computing."""
+    within ``STOP_POLL_S`` (``Interrupted``), and a cell process that dies (the OOM
+    killer) ends the grid (``BrokenProcessPool``): none is left computing."""
     args = (how.data_dir, how.eval_every, how.eval_samples)
     if how.engine == "cluster":
         for cell in todo:
             check_stop()
             yield cell, run_cluster_cell(cell, how.out, *args)
         return
-    # (leaving the block terminates the processes, whatever ends it)
-    with multiprocessing.get_context("spawn").Pool(how.jobs, _ignore_interrupts) as pool:
-        finished = pool.imap_unordered(_run_numbered, [(i, c, args) for i, c in enumerate(todo)])
-        for _ in todo:
-            while True:
-                try:
-                    index, result = finished.next(timeout=STOP_POLL_S)
-                    break
-                except multiprocessing.TimeoutError:
-                    check_stop()
-            yield todo[index], result
+    pool = ProcessPoolExecutor(max_workers=how.jobs, mp_context=get_context("spawn"),
+                               initializer=_ignore_interrupts)
+    try:
+        running = {pool.submit(run_cell, c, *args): c for c in todo}
+        while running:
+            finished, _ = wait(running, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
+            check_stop()
+            for future in finished:
+                yield running.pop(future), future.result()
+    except BaseException:  # a stop, a failed cell, or the caller gone: end the others
+        _terminate(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End ``pool``'s processes now, their cells unfinished (Python 3.14 has
+    ``terminate_workers``; before it, the processes are reached directly)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((pool._processes or {}).values()):
+        process.terminate()
 
 
 def _ignore_interrupts() -> None:
     """(In a pool process.) Leave Ctrl-C to the parent, which stops the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _run_numbered(item: tuple[int, Cell, tuple[Any, ...]]) -> tuple[int, dict[str, Any]]:
-    """(In a pool process.) ``run_cell`` of the ``index``-th cell, with its index."""
-    index, cell, args = item
-    return index, run_cell(cell, *args)
 
 
 def verify_sample(cells: list[Cell], results: list[dict[str, Any]], count: int,

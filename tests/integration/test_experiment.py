@@ -117,27 +117,60 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _long_grid(out: Path) -> subprocess.Popen:
+    """ps-experiment computing two cells that take minutes, in its own session."""
+    argv = [sys.executable, "-m", "ps.experiments.cli", "paper", "--out", str(out),
+            "--dataset", "synthetic", "--rounds", "100000", "--seeds", "1", "--rules",
+            "mean,marmed", "--scenarios", "none", "--no-sweeps", "--jobs", "2"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _cell_processes(process: subprocess.Popen) -> set[int]:
+    """The pool's two cell processes, once both started."""
+    deadline = time.monotonic() + 60
+    while True:
+        cells = {c for c in _children(process.pid)
+                 if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+        if len(cells) >= 2:
+            return cells
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the cells' processes never started"
+        time.sleep(0.05)
+
+
+def _all_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "a cell's process outlived ps-experiment"
+        time.sleep(0.05)
+
+
 def test_a_stopped_grid_ends_its_cells_processes_at_once(tmp_path: Path) -> None:
     """SIGTERM to ps-experiment (not its process group) while two long cells run: it
     exits 130 within seconds, and none of its cell processes is left computing."""
-    argv = [sys.executable, "-m", "ps.experiments.cli", "paper", "--out",
-            str(tmp_path / "grid"), "--dataset", "synthetic", "--rounds", "100000",
-            "--seeds", "1", "--rules", "mean,marmed", "--scenarios", "none", "--no-sweeps",
-            "--jobs", "2"]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True)
+    process = _long_grid(tmp_path / "grid")
     try:
-        deadline = time.monotonic() + 60
-        while len(children := _children(process.pid)) < 2:
-            assert process.poll() is None, process.stderr.read().decode()
-            assert time.monotonic() < deadline, "the cells' processes never started"
-            time.sleep(0.05)
+        cells = _cell_processes(process)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 130, process.stderr.read().decode()
-        deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children):
-            assert time.monotonic() < deadline, "a cell's process outlived ps-experiment"
-            time.sleep(0.05)
+        _all_gone(cells)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_grid_whose_cell_process_dies_ends_with_an_error(tmp_path: Path) -> None:
+    """A cell's process killed (the OOM killer): ps-experiment ends with an error naming
+    it, and ends the other cell's process, instead of waiting for a result forever."""
+    process = _long_grid(tmp_path / "grid")
+    try:
+        cells = _cell_processes(process)
+        os.kill(min(cells), signal.SIGKILL)
+        code = process.wait(timeout=30)
+        assert code not in (0, 130), code
+        assert "terminated abruptly" in process.stderr.read().decode()
+        _all_gone(cells)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()

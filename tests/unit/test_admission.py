@@ -59,6 +59,10 @@ def test_a_named_connection_counts_once_and_a_closed_one_not_at_all() -> None:
     assert not admission.admit(b"key-1", 9.1).admitted
     admission.named(W2, 9.2)  # another key's message names nothing of key-1's
     assert not admission.admit(b"key-1", 9.3).admitted
+    # a connection named only after its handshake stopped counting (a slow node) takes
+    # nothing from the newer, unnamed one
+    admission.named(W1, 9.4, age_s=10.5)
+    assert not admission.admit(b"key-1", 9.5).admitted
 
 
 def test_a_rate_limit_gives_the_burst_then_the_rate() -> None:
