@@ -327,11 +327,12 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("omniscient", "Mean and Medoid fail", ("mean", "medoid"),
           lambda m: _all(m, ["mean", "medoid"], lambda r: m.fails(r, "omniscient"),
                          "omniscient"),
-          why_not="our Medoid measures distances in float64 (`kernels.gram64`), so the "
-          "omniscient vectors (1e20 x a sum of gradients, about 1e21 per value) are the "
-          "farthest and never chosen; in float32 their squared distances overflow to inf, "
-          "every row then scores inf, and the first row (Byzantine worker 0) wins the tie: "
-          "the likely cause of the failure the paper reports. Mean fails as reported."),
+          why_not="a hypothesis, not tested by a float32 run: our Medoid measures "
+          "distances in float64 (`kernels.gram64`), so the omniscient vectors (1e20 x a sum "
+          "of gradients, about 1e21 per value) are the farthest and never chosen; in "
+          "float32 their squared distances would overflow to inf, every row would score "
+          "inf, and the first row (Byzantine worker 0) would win the tie. Mean fails as "
+          "reported."),
     Claim("bitflip", "only MarMed and MeaMed converge", PAPER,
           lambda m: _only(m, "bitflip", m.rules("bitflip", PAPER), {"marmed", "meamed"})),
     Claim("bitflip", "Krum-based rules stuck whatever q", KRUM_BASED,
