@@ -112,6 +112,17 @@ class RunConfig:
     gamma: float = setting(0.5, "Share of the training set split iid under --partition "
                            "gamma (ByzFL's similarity): 1 is iid, 0 extreme.", roles=ROLES,
                            hashed=True, hash_default=False, minimum=0.0, maximum=1.0)
+    iid_workers: tuple[int, ...] = setting(
+        (), "Workers given an iid share of the training set instead of a part of the "
+        "heterogeneous --partition, which is then shared out over the others only; name "
+        "the Byzantine workers here to share the data among the honest ones, as ByzFL does. "
+        "No effect with --partition iid.", roles=ROLES, hashed=True, hash_default=False,
+        minimum=0)
+
+    def __post_init__(self) -> None:
+        # the ids as they come from a peer's or a file's dict (a list) are the same setting
+        if isinstance(self.iid_workers, list):
+            object.__setattr__(self, "iid_workers", tuple(self.iid_workers))
 
     def validate(self) -> RunConfig:
         """Raise ``ConfigError`` naming the offending setting.
@@ -134,6 +145,9 @@ class RunConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not self.alpha > 0:
             raise ConfigError(f"--alpha must be > 0, got {self.alpha}")
+        _check_ids("--iid-workers", self.iid_workers, self.num_workers)
+        _require(len(self.iid_workers) < self.num_workers,
+                 "--iid-workers must leave at least one worker for the --partition split")
         if not 0 <= self.worker_momentum < 1:
             raise ConfigError(f"--worker-momentum must be in [0, 1), got {self.worker_momentum}")
         if not self.q < self.num_workers:

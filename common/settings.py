@@ -310,8 +310,14 @@ def _bounds_text(low: float | None, high: float | None) -> str:
 
 
 def hashed_values(instance: Any) -> dict[str, Any]:
-    """Field name -> value of the settings of ``instance`` that enter the run hash."""
-    return {d.name: getattr(instance, d.name) for d in declared(type(instance)) if d.spec.hashed}
+    """Field name -> value of the settings of ``instance`` that enter the run hash, as
+    they travel (msgpack, JSON): a tuple as a list."""
+    return {d.name: _as_sent(getattr(instance, d.name))
+            for d in declared(type(instance)) if d.spec.hashed}
+
+
+def _as_sent(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def hash_input(instance: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from common.attacks.base import VectorAttack, check_honest, register_attack, repeat
 from common.errors import ConfigError
+from common.rules.kernels import gram
 from common.settings import setting
 
 PERTURBATIONS = ("unit", "std", "sign")
@@ -69,30 +70,29 @@ def largest_gamma(fits: Callable[[float], bool], gamma_init: float = GAMMA_INIT,
     return good
 
 
-def squared_distances(honest: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """``||honest_i - vector||^2`` for each honest row (float64)."""
-    diff = honest - vector
-    return np.einsum("ij,ij->i", diff, diff)
-
-
-def honest_squared_distances(honest: np.ndarray) -> np.ndarray:
-    """The (h, h) matrix of squared distances between the honest rows (float64)."""
-    return np.stack([squared_distances(honest, row) for row in honest])
-
-
 def agr_agnostic(honest: np.ndarray, num_byzantine: int, kind: str, gamma_init: float,
                  tau: float, within: Callable[[np.ndarray, np.ndarray], bool]) -> np.ndarray:
     """``mean - gamma * perturbation`` with the largest gamma found for which
-    ``within(distances of the malicious vector to the honest ones, honest distance
-    matrix)``; ``num_byzantine`` float32 copies."""
+    ``within(squared distances of the malicious vector to the honest ones, honest squared
+    distance matrix)``; ``num_byzantine`` float32 copies.
+
+    Computed in float64 from the deviations ``c_i = g_i - mean``, once per call: the
+    pairwise distances from their Gram matrix, and each candidate's distances as the
+    quadratic ``||c_i + gamma p||^2 = ||c_i||^2 + 2 gamma <c_i, p> + gamma^2 ||p||^2``,
+    so the search's steps cost O(h) each instead of O(h d)."""
     check_honest(honest, num_byzantine)
     data = honest.astype(np.float64)
     mean = data.mean(axis=0)
-    p = perturbation(honest, kind)
-    pairwise = honest_squared_distances(data)
+    p = perturbation(honest, kind).astype(np.float64)
+    deviations = data - mean
+    pairwise, _ = gram.squared_distances(deviations @ deviations.T)
+    norms = np.einsum("ij,ij->i", deviations, deviations)
+    along = deviations @ p
+    p_norm = float(p @ p)
     with np.errstate(over="ignore", invalid="ignore"):
         gamma = largest_gamma(
-            lambda g: bool(within(squared_distances(data, mean - g * p), pairwise)),
+            lambda g: bool(within(np.maximum(norms + 2 * g * along + g * g * p_norm, 0.0),
+                                  pairwise)),
             gamma_init, tau)
         return repeat(mean - gamma * p, num_byzantine)
 

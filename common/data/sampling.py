@@ -4,9 +4,11 @@ The paper (Xie, Koyejo, Gupta, ICML 2018, Sec. 6) gives each of the n workers an
 share of the training set and samples minibatches from it (``--partition iid``). The
 heterogeneous partitions are ByzFL's (Allouah et al., LPD-EPFL/byzfl,
 ``fed_framework/data_distributor.py``): ``dirichlet`` (``dirichlet_niid``), ``extreme``
-(``extreme_niid``) and ``gamma`` (``gamma_similarity_niid``). ByzFL shares the data
-among the honest clients only; here all n workers get a share, as with iid (a
-label-flipping or mimicking Byzantine worker trains on its own).
+(``extreme_niid``) and ``gamma`` (``gamma_similarity_niid``). By default all n workers
+get a part of the split, as with iid. ByzFL shares the data among the honest clients
+only: ``--iid-workers`` (the Byzantine ones) take an iid share instead, and the split is
+made over the others, so that a Byzantine worker's part is not data the honest workers
+lack (under ``extreme``, whole classes).
 
 Everything random is derived from the run seed via :mod:`common.seeding`, so every
 process (each worker, the reference engine, the launcher writing ``partition.json``)
@@ -107,18 +109,26 @@ def _check_sizes(num_samples: int, n: int) -> None:
 
 def run_partitions(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     """Each worker's sample indices under ``cfg``'s ``--partition`` (with its ``--alpha``
-    or ``--gamma``); ``ConfigError`` naming the first worker left with fewer samples than
-    one batch (it could not draw a minibatch without repeating samples)."""
+    or ``--gamma``), the split made over the workers not in ``--iid-workers``, each of
+    those taking its share of the iid partition of the same seed; ``ConfigError`` naming
+    the first worker left with fewer samples than one batch (it could not draw a
+    minibatch without repeating samples)."""
     labels = dataset.train_y.numpy()
-    n = cfg.num_workers
-    partitions: dict[str, Callable[[], list[np.ndarray]]] = {
-        "iid": lambda: partition_indices(labels.size, n, cfg.seed),
-        "dirichlet": lambda: dirichlet_partition(labels, n, cfg.alpha, cfg.seed,
-                                                 dataset.num_classes),
-        "extreme": lambda: extreme_partition(labels, n),
-        "gamma": lambda: gamma_partition(labels, n, cfg.gamma, cfg.seed),
-    }
-    parts = partitions[cfg.partition]()
+    iid = partition_indices(labels.size, cfg.num_workers, cfg.seed)
+    if cfg.partition == "iid":
+        parts = iid
+    else:
+        spared = set(cfg.iid_workers)
+        split_over = [w for w in range(cfg.num_workers) if w not in spared]
+        k = len(split_over)
+        partitions: dict[str, Callable[[], list[np.ndarray]]] = {
+            "dirichlet": lambda: dirichlet_partition(labels, k, cfg.alpha, cfg.seed,
+                                                     dataset.num_classes),
+            "extreme": lambda: extreme_partition(labels, k),
+            "gamma": lambda: gamma_partition(labels, k, cfg.gamma, cfg.seed),
+        }
+        split = dict(zip(split_over, partitions[cfg.partition](), strict=True))
+        parts = [split.get(w, iid[w]) for w in range(cfg.num_workers)]
     for worker, part in enumerate(parts):
         if part.size < cfg.batch_size:
             raise ConfigError(
@@ -131,7 +141,9 @@ def run_partitions(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
 def describe(cfg: RunConfig) -> str:
     """``--partition dirichlet --alpha 0.1`` (the partition's own parameter only)."""
     extra = {"dirichlet": f" --alpha {cfg.alpha:g}", "gamma": f" --gamma {cfg.gamma:g}"}
-    return f"--partition {cfg.partition}{extra.get(cfg.partition, '')}"
+    spared = (f" --iid-workers {','.join(map(str, cfg.iid_workers))}"
+              if cfg.iid_workers and cfg.partition != "iid" else "")
+    return f"--partition {cfg.partition}{extra.get(cfg.partition, '')}{spared}"
 
 
 def class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -148,6 +160,7 @@ def write_partition(out_dir: Path, cfg: RunConfig, dataset: Dataset) -> Path:
     labels = dataset.train_y.numpy()
     record: dict[str, Any] = {
         "partition": cfg.partition, "alpha": cfg.alpha, "gamma": cfg.gamma,
+        "iid_workers": list(cfg.iid_workers),
         "seed": cfg.seed, "dataset": cfg.dataset, "batch_size": cfg.batch_size,
         "counts": class_counts(parts, labels, dataset.num_classes).tolist(),
     }

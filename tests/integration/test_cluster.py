@@ -140,23 +140,27 @@ def test_the_launcher_refuses_a_worker_left_without_a_batch_before_starting_anyt
 
 def test_ps_cluster_dirichlet_partition_verifies_and_draws_the_partition(
         processes, tmp_path: Path) -> None:
-    """--partition dirichlet --alpha 0.1: the cluster ends bit-identical to the reference
-    engine (--verify), and the run holds each worker's class counts and their figure."""
+    """--partition dirichlet --alpha 0.1, split over the honest workers (``--iid-workers``
+    names the label-flipping one): the cluster ends bit-identical to the reference engine
+    (--verify), and the run holds each worker's class counts and their figure."""
     out = tmp_path / "run"
     launcher = processes.start("cluster", "ps.launcher.cli", [
         "--dataset", "synthetic", "--rounds", "8", "--workers", "8", "--shards", "2",
-        "--seed", "1", "--partition", "dirichlet", "--alpha", "0.1", "--eval-every", "4",
+        "--seed", "2", "--partition", "dirichlet", "--alpha", "0.1", "--eval-every", "4",
+        "--iid-workers", "0", "--worker-attack", "labelflip", "--byzantine-workers", "0",
         "--insecure", "--verify", "--out-dir", str(out)])
     assert processes.wait_exit(launcher, 180) == 0, launcher.tail(30)
     tail = launcher.tail(10)
     assert any(line.startswith("verified: the reference engine ends with the same "
                                "parameters") for line in tail), tail
     record = json.loads((out / "partition.json").read_text())
-    assert (record["partition"], record["alpha"], record["seed"]) == ("dirichlet", 0.1, 1)
+    assert (record["partition"], record["alpha"], record["seed"], record["iid_workers"]) \
+        == ("dirichlet", 0.1, 2, [0])
     counts = np.array(record["counts"])
-    assert counts.shape == (8, 10) and counts.sum() == 2048
-    # skewed: most workers hold most of their data in one class
-    assert np.median(counts.max(axis=1) / counts.sum(axis=1)) > 0.5
+    assert counts.shape == (8, 10) and counts[1:].sum() == 2048  # the honest hold it all
+    assert counts[0].sum() == 256 and counts[0].min() > 0  # an iid share: every class
+    # skewed: most honest workers hold most of their data in one class
+    assert np.median(counts[1:].max(axis=1) / counts[1:].sum(axis=1)) > 0.5
     assert f"figures in {out}: accuracy.png, round_time.png, aggregation.png, " \
         "partition.png" in tail
     assert (out / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

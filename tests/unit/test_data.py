@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import re
 import struct
 import time
 from pathlib import Path
@@ -512,6 +513,31 @@ def test_a_worker_with_less_than_a_batch_is_a_configuration_error() -> None:
                                                 batch_size=27), ds)[4]) == 27
     with pytest.raises(ConfigError, match="worker 0 with 256 training samples"):
         run_partitions(_synthetic_config(batch_size=257), ds)
+
+
+def test_iid_workers_take_an_iid_share_and_the_others_split_the_data() -> None:
+    """ByzFL's convention: the heterogeneous split over the workers not named, each named
+    one with its share of the iid partition of the same seed."""
+    ds = load_dataset("synthetic", seed=0)
+    labels = ds.train_y.numpy()
+    parts = run_partitions(_synthetic_config(partition="extreme", iid_workers=(0, 5)), ds)
+    iid = partition_indices(labels.size, 8, seed=0)
+    for named in (0, 5):
+        np.testing.assert_array_equal(parts[named], iid[named])
+    split = extreme_partition(labels, 6)
+    for part, expected in zip([parts[w] for w in (1, 2, 3, 4, 6, 7)], split, strict=True):
+        np.testing.assert_array_equal(part, expected)
+    # the others hold every sample once: all the classes stay with them
+    others = np.concatenate([parts[w] for w in (1, 2, 3, 4, 6, 7)])
+    assert np.array_equal(np.sort(others), np.arange(labels.size))
+    # no effect with an iid partition; ids checked against n
+    plain = run_partitions(_synthetic_config(iid_workers=(0, 5)), ds)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, iid, strict=True))
+    for bad, message in (((8,), "--iid-workers id 8 out of range 0..7"),
+                         ((1, 1), "duplicate --iid-workers ids"),
+                         (tuple(range(8)), "must leave at least one worker")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            _synthetic_config(iid_workers=bad)
 
 
 def test_partition_json_holds_each_workers_class_counts(tmp_path: Path) -> None:
