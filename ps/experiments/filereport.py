@@ -13,13 +13,35 @@ from pathlib import Path
 from typing import Any
 
 from ps.experiments.claims import TIES_RULE, ties, ties_text
-from ps.experiments.gridfile import DEFENCE, GridFile, ReportAxes, value_text
+from ps.experiments.gridfile import (
+    DEFENCE,
+    HETEROGENEITY,
+    PARTITION_KEYS,
+    GridFile,
+    ReportAxes,
+    value_text,
+)
 from ps.experiments.report import ReportInfo, header, verification_lines
+
+PARAMETER = {"dirichlet": ("alpha", "α"), "gamma": ("gamma", "γ")}  # a partition's own
 
 
 def axis_value(result: dict[str, Any], axis: str) -> str:
-    """A result's value on ``axis`` (a grid key, or ``defence``), as text."""
-    return result["defence"] if axis == DEFENCE else value_text(_hashable(result["axes"][axis]))
+    """A result's value on ``axis`` (a grid key, ``defence`` or ``heterogeneity``), as
+    text."""
+    if axis == DEFENCE:
+        return result["defence"]
+    if axis == HETEROGENEITY:
+        return heterogeneity(result["axes"])
+    return value_text(_hashable(result["axes"][axis]))
+
+
+def heterogeneity(axes: dict[str, Any]) -> str:
+    """The partition of a cell's ``axes``, with its own parameter where that is an axis
+    too: ``iid``, ``dirichlet α=0.1``, ``gamma γ=0.5``, ``extreme``."""
+    partition = axes["partition"]
+    key, symbol = PARAMETER.get(partition, ("", ""))
+    return f"{partition} {symbol}={axes[key]:g}" if key in axes else partition
 
 
 def _hashable(value: Any) -> Any:
@@ -96,6 +118,8 @@ def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, .
     named = {axes.rows, axes.columns, axes.worst_over} if axes else set()
     if DEFENCE in named:
         named |= {"rule", "pre"}
+    if HETEROGENEITY in named:
+        named |= set(PARTITION_KEYS)
     worst = {axis_value(r, axes.worst_over) for r in results} if axes else set()
     return tuple(a for a in grid.axes if a not in named and len(
         {(axis_value(r, axes.worst_over), axis_value(r, a)) for r in results}) > len(worst))

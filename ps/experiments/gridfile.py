@@ -15,8 +15,9 @@ means unset.
 
 The settings of the whole invocation (``data-dir``, ``eval-every``, ``eval-samples``)
 take one value. ``[report]`` may name the axes of a worst-case heat map: ``rows``,
-``columns`` and ``worst_over`` (an axis, or ``defence``: the pre-aggregation chain and
-the rule together).
+``columns`` and ``worst_over`` (an axis; ``defence``: the pre-aggregation chain and the
+rule together; ``heterogeneity``, where ``partition`` is an axis: the partition with its
+``alpha`` or ``gamma`` where those are axes too, e.g. ``dirichlet α=0.1``).
 
 Everything is checked before a cell runs: an unknown key, a value outside its setting's
 choices or range, and a cell the rule or the attack cannot run (``RunConfig.validate``,
@@ -53,6 +54,8 @@ SEEDS = "seeds"
 SEED = "seed"
 EXCLUDE, ONLY, REPORT = "exclude", "only", "report"
 DEFENCE = "defence"  # a report axis: the pre-aggregation chain and the rule together
+HETEROGENEITY = "heterogeneity"  # a report axis: the partition with its alpha or gamma
+PARTITION_KEYS = ("partition", "alpha", "gamma")  # the grid keys HETEROGENEITY stands for
 REPORT_KEYS = ("rows", "columns", "worst_over")
 FIGURE = "grid"  # the figure of every cell of a grid file
 SHIPPED = "grids"  # the package folder of the shipped grid files
@@ -286,7 +289,7 @@ def _report(name: str, table: Any, axes: tuple[str, ...]) -> ReportAxes | None:
     where = f"{name}: [report]"
     if not isinstance(table, dict) or sorted(table) != sorted(REPORT_KEYS):
         raise ConfigError(f"{where}: give exactly {', '.join(REPORT_KEYS)}")
-    usable = (*axes, DEFENCE)
+    usable = (*axes, DEFENCE, *((HETEROGENEITY,) if "partition" in axes else ()))
     for key in REPORT_KEYS:
         if table[key] not in usable:
             raise ConfigError(f"{where}: {key} = {table[key]!r} is not an axis of the grid "

@@ -22,8 +22,8 @@ from ps.experiments.claims import (
     ties_text,
     within,
 )
-from ps.experiments.filereport import worst_cases
-from ps.experiments.gridfile import ReportAxes
+from ps.experiments.filereport import report_others, worst_cases
+from ps.experiments.gridfile import GridFile, ReportAxes
 from ps.experiments.modern import modern_tables
 
 TIGHT = 0.002  # the seeds' offsets from the cell's mean: -TIGHT, 0, +TIGHT
@@ -212,3 +212,18 @@ def test_a_grid_files_worst_case_keeps_its_ties() -> None:
     (table,) = worst_cases(results, "top1", axes, ()).values()
     case = table[("krum", "0.9")]
     assert (case.where, case.ties) == ("alie", ["ipm"])
+
+
+def test_the_heterogeneity_axis_names_each_split_with_its_parameter() -> None:
+    """Columns ``iid``, ``dirichlet α=1``, ``dirichlet α=0.1``; alpha is no panel."""
+    axes = ReportAxes("defence", "heterogeneity", "worker-attack")
+    results = [{"axes": {"rule": "krum", "partition": partition, "alpha": alpha,
+                         "worker-attack": attack},
+                "defence": "krum", "points": [{"top1": v}]}
+               for partition, alpha in (("iid", 1.0), ("dirichlet", 1.0), ("dirichlet", 0.1))
+               for attack, v in (("alie", 0.5 if alpha == 0.1 else 0.7), ("ipm", 0.6))]
+    grid = GridFile("g", [], ("rule", "partition", "alpha", "worker-attack"), {}, axes)
+    assert report_others(grid, results) == ()  # partition, alpha: in the columns
+    (table,) = worst_cases(results, "top1", axes, ()).values()
+    assert {column: case.where for (_, column), case in table.items()} == {
+        "iid": "ipm", "dirichlet α=1": "ipm", "dirichlet α=0.1": "alie"}

@@ -118,7 +118,32 @@ def test_the_shipped_modern_grid_has_the_cells_of_ps_experiment_modern() -> None
 def test_grids_lists_and_prints_the_shipped_files() -> None:
     listed = CliRunner().invoke(main, ["grids"])
     assert listed.exit_code == 0
-    assert [line.split("\t")[0] for line in listed.output.splitlines()] == ["modern", "paper"]
+    assert [line.split("\t")[0] for line in listed.output.splitlines()] == [
+        "heterogeneity", "modern", "paper"]
     printed = CliRunner().invoke(main, ["grids", "paper"])
     assert printed.output == shipped()["paper"].read_text()
     assert CliRunner().invoke(main, ["grids", "nope"]).exit_code == 2
+
+
+def test_the_shipped_heterogeneity_grid_pairs_the_byzantine_and_the_iid_workers() -> None:
+    """Its slices as the file says: 1,374 runs; an attacked cell's Byzantine workers are its
+    iid workers (the split over the honest ones), an unattacked cell has neither."""
+    grid = load_grid(shipped()["heterogeneity"])
+    assert len(grid.cells) == 1374
+    for cell in grid.cells:
+        attacked = cell.attack["worker_attack"] != "none"
+        expected = (0, 1, 2, 3) if attacked else ()
+        assert tuple(cell.attack.get("byzantine_workers", ())) == expected
+        assert tuple(cell.run["iid_workers"]) == expected
+    assert grid.report is not None and grid.report.columns == "heterogeneity"
+
+
+def test_heterogeneity_is_a_report_axis_only_where_partition_is_an_axis() -> None:
+    text = ('rule = ["mean", "krum"]\npartition = ["iid", "dirichlet"]\n'
+            'alpha = [1.0, 0.1]\n'
+            '[[exclude]]\npartition = "iid"\nalpha = 0.1\n'
+            '[report]\nrows = "rule"\ncolumns = "heterogeneity"\nworst_over = "partition"\n')
+    assert parse_grid(tomllib.loads(text), "g.toml").report.columns == "heterogeneity"
+    with pytest.raises(ConfigError, match="not an axis of the grid"):
+        parse_grid(tomllib.loads('rule = ["mean", "krum"]\n[report]\nrows = "rule"\n'
+                                 'columns = "heterogeneity"\nworst_over = "rule"\n'), "g")
