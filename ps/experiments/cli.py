@@ -91,8 +91,9 @@ def grid_options(function: Callable[..., None]) -> Callable[..., None]:
     --data-dir, --eval-every, --eval-samples), and where, how many seeds, which engine."""
     return _decorated(function, [
         OUT_OPTION,
-        click.option("--seeds", default=2, show_default=True, type=click.IntRange(1),
-                     help="Seeds per cell (the paper: 10)."),
+        click.option("--seeds", default=3, show_default=True, type=click.IntRange(1),
+                     help="Seeds per cell (the paper: 10; 3, the fewest whose spread can "
+                     "decide a verdict)."),
         options_for(COMMAND),
         click.option("--num-workers", DEPRECATED_WORKERS, default=None, hidden=True,
                      type=click.IntRange(MIN_WORKERS),

@@ -28,7 +28,8 @@ from ps.experiments.grid import Cell, GridSpec, byzantine_workers, largest_q
 
 MODERN_DEFENCES = ("mean", "trimmed-mean", "nnm+trimmed-mean", "krum", "nnm+krum",
                    "centered-clipping", "bucketing+centered-clipping", "marmed", "meamed")
-MODERN_ATTACKS = ("none", "alie", "ipm", "minmax", "minsum", "mimic", "labelflip", "inf")
+MODERN_ATTACKS = ("none", "alie", "ipm", "minmax", "minsum", "mimic", "labelflip", "inf",
+                  "alie-opt", "ipm-opt")
 MOMENTA = (0.0, 0.9)
 MODERN_ROUNDS = 300
 
