@@ -140,6 +140,9 @@ def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo
         for path in (worst_case_heatmap(out, cases, grid.report, others, info.metric, results),
                      worst_case_curves(out, cases, grid.report, others, info.metric, results)):
             lines += ["", f"![{path.name}]({path.name})"]
+    from ps.experiments.heteroclaims import hetero_claim_lines
+
+    lines += hetero_claim_lines(results, info.metric)
     if info.verification is not None:
         lines += verification_lines(info.verification)
     path = out / "report.md"

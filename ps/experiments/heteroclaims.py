@@ -1,0 +1,205 @@
+"""Claims of the literature on heterogeneous data, checked against a grid file's results
+(``heterogeneity.toml``, or any grid with the cells a claim reads), split by split.
+
+Each claim reads final accuracies (the metric at the last round, over seeds) by defence,
+split (the partition with its alpha), worker momentum and attack, and is decided by the
+margin rule of :mod:`ps.experiments.claims` (``MARGIN_SE`` standard errors of a
+difference over seeds): it *holds* on a split when every comparison it makes holds,
+*differs* when one fails, is *inconclusive* otherwise and *not run* where a cell it reads
+is missing. A defence's *worst case* is its lowest mean final over the attacks run
+against it (``none`` excluded), with that attack's seeds as its spread.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ps.experiments.claims import (
+    NEAR,
+    NOT_RUN,
+    Sample,
+    Verdict,
+    below,
+    every,
+    fixed,
+    negate,
+)
+from ps.experiments.filereport import final, heterogeneity
+
+MOMENTUM = 0.9  # the main table's
+ROBUST = ("trimmed-mean", "krum", "geomed", "marmed")  # the rules NNM is put before
+NO_ATTACK = "none"
+NOT_APPLICABLE = "n/a"
+
+Key = tuple[str, str, float, str]  # defence, split, momentum, attack
+
+
+class Finals:
+    """Final ``metric`` per (defence, split, momentum, attack), one value per seed (a
+    diverged run counts as 0)."""
+
+    def __init__(self, results: list[dict[str, Any]], metric: str) -> None:
+        self.values: dict[Key, list[float]] = defaultdict(list)
+        for r in results:
+            if "partition" not in r.get("axes", {}):
+                continue
+            value = final(r, metric)
+            key = (r["defence"], heterogeneity(r["axes"]), float(r["worker_momentum"]),
+                   r["scenario"])
+            self.values[key].append(0.0 if value != value else value)
+        self.splits = list(dict.fromkeys(k[1] for k in self.values))
+
+    def has(self, defence: str, split: str, momentum: float, attack: str) -> bool:
+        return (defence, split, momentum, attack) in self.values
+
+    def of(self, defence: str, split: str, momentum: float, attack: str) -> Sample:
+        return Sample.of(self.values[(defence, split, momentum, attack)])
+
+    def attacks(self, defence: str, split: str, momentum: float,
+                among: tuple[str, ...] | None = None) -> list[str]:
+        """The attacks run against ``defence`` there (``none`` excluded)."""
+        return [k[3] for k in self.values if k[:3] == (defence, split, momentum)
+                and k[3] != NO_ATTACK and (among is None or k[3] in among)]
+
+    def worst(self, defence: str, split: str, momentum: float,
+              among: tuple[str, ...] | None = None) -> tuple[str, Sample] | None:
+        """The attack with the lowest mean final against ``defence``, and its sample."""
+        found = self.attacks(defence, split, momentum, among)
+        if not found:
+            return None
+        attack = min(found, key=lambda a: self.of(defence, split, momentum, a).mean)
+        return attack, self.of(defence, split, momentum, attack)
+
+
+@dataclass(frozen=True)
+class HeteroClaim:
+    """A sentence of a paper, where it says it, and its check on one split."""
+
+    text: str
+    source: str
+    check: Callable[[Finals, str], Verdict]
+
+
+def _robust_alone_lose(f: Finals, split: str) -> Verdict:
+    """Each robust rule alone, without attack, below Mean without attack."""
+    rules = [r for r in ROBUST if f.has(r, split, MOMENTUM, NO_ATTACK)]
+    if not rules or not f.has("mean", split, MOMENTUM, NO_ATTACK):
+        return Verdict(NOT_RUN, "no robust rule or no Mean without attack")
+    mean = f.of("mean", split, MOMENTUM, NO_ATTACK)
+    return Verdict.of(every(below(f.of(r, split, MOMENTUM, NO_ATTACK), mean) for r in rules),
+                      f"mean {mean.text()}; " + "; ".join(
+                          f"{r} {f.of(r, split, MOMENTUM, NO_ATTACK).text()}" for r in rules))
+
+
+def _recovers(pre: str, rules: tuple[str, ...]) -> Callable[[Finals, str], Verdict]:
+    """``pre`` before each rule: its worst case above the rule's alone."""
+    def check(f: Finals, split: str) -> Verdict:
+        pairs = [(r, f.worst(r, split, MOMENTUM), f.worst(f"{pre}+{r}", split, MOMENTUM))
+                 for r in rules]
+        pairs = [(r, alone, after) for r, alone, after in pairs if alone and after]
+        if not pairs:
+            return Verdict(NOT_RUN, f"no attacked {pre}+rule beside its rule")
+        return Verdict.of(
+            every(below(alone[1], after[1]) for _, alone, after in pairs),
+            "; ".join(f"{r} {alone[1].text()} ({alone[0]}) -> {pre}+{r} {after[1].text()} "
+                      f"({after[0]})" for r, alone, after in pairs))
+    return check
+
+
+def _mimic_costs(f: Finals, split: str) -> Verdict:
+    """Mimic costs each robust rule (alone and after NNM) more than ``NEAR`` against its
+    final without attack."""
+    defences = [d for r in ROBUST for d in (r, f"nnm+{r}")
+                if f.has(d, split, MOMENTUM, "mimic") and f.has(d, split, MOMENTUM, NO_ATTACK)]
+    if not defences:
+        return Verdict(NOT_RUN, "no mimic run beside its no-attack run")
+    return Verdict.of(
+        every(below(f.of(d, split, MOMENTUM, "mimic"),
+                    f.of(d, split, MOMENTUM, NO_ATTACK) + fixed(-NEAR)) for d in defences),
+        "; ".join(f"{d} {f.of(d, split, MOMENTUM, 'mimic').text()} vs "
+                  f"{f.of(d, split, MOMENTUM, NO_ATTACK).text()}" for d in defences))
+
+
+def _momentum_helps(f: Finals, split: str) -> Verdict:
+    """Each defence run at momentum 0: its worst case over the attacks run at both momenta
+    higher with momentum."""
+    rows = []
+    for defence in dict.fromkeys(k[0] for k in f.values if k[1] == split and k[2] == 0.0):
+        shared = tuple(set(f.attacks(defence, split, 0.0)) & set(f.attacks(
+            defence, split, MOMENTUM)))
+        without, with_ = f.worst(defence, split, 0.0, shared), f.worst(defence, split,
+                                                                       MOMENTUM, shared)
+        if without and with_:
+            rows.append((defence, without, with_))
+    if not rows:
+        return Verdict(NOT_RUN, "no defence run at both momenta")
+    return Verdict.of(
+        every(below(without[1], with_[1]) for _, without, with_ in rows),
+        "; ".join(f"{d} {without[1].text()} ({without[0]}) -> {with_[1].text()} ({with_[0]})"
+                  for d, without, with_ in rows))
+
+
+def _close_to_iid(f: Finals, split: str) -> Verdict:
+    """NNM before each robust rule: its worst case within ``NEAR`` of its iid one."""
+    if split == "iid":
+        return Verdict(NOT_APPLICABLE, "the iid split itself")
+    rows = [(d, f.worst(d, split, MOMENTUM), f.worst(d, "iid", MOMENTUM))
+            for d in (f"nnm+{r}" for r in ROBUST)]
+    rows = [(d, here, iid) for d, here, iid in rows if here and iid]
+    if not rows:
+        return Verdict(NOT_RUN, "no attacked nnm+rule on this split and iid")
+    return Verdict.of(
+        every(negate(below(here[1], iid[1] + fixed(-NEAR))) for _, here, iid in rows),
+        "; ".join(f"{d} {here[1].text()} ({here[0]}) vs iid {iid[1].text()}"
+                  for d, here, iid in rows))
+
+
+KARIMIREDDY = "Karimireddy, He, Jaggi, ICLR 2022"
+ALLOUAH = "Allouah et al., AISTATS 2023"
+
+HETERO_CLAIMS: tuple[HeteroClaim, ...] = (
+    HeteroClaim("robust rules alone lose accuracy without attack (below Mean)",
+                f"{KARIMIREDDY}: robust aggregators fail on non-iid data without "
+                "Byzantine workers", _robust_alone_lose),
+    HeteroClaim("NNM before a rule raises its worst case",
+                f"{ALLOUAH}: NNM adapts a rule to heterogeneity", _recovers("nnm", ROBUST)),
+    HeteroClaim("NNM keeps a rule's worst case within 0.05 of its iid one",
+                f"{ALLOUAH}: optimal resilience under heterogeneity, read as no loss to it",
+                _close_to_iid),
+    HeteroClaim("bucketing before a rule raises its worst case",
+                f"{KARIMIREDDY}: bucketing makes a rule robust on non-iid data",
+                _recovers("bucketing", ("geomed", "centered-clipping"))),
+    HeteroClaim("mimic costs every robust rule more than 0.05 (expected: not on iid data)",
+                f"{KARIMIREDDY}: the mimic attack, strong on non-iid data", _mimic_costs),
+    HeteroClaim("momentum 0.9 raises the worst case over the attacks run at both momenta",
+                f"{ALLOUAH} (NNM with heavy-ball momentum); Karimireddy, He, Jaggi, ICML "
+                "2021 (momentum against attacks that hide in the variance)", _momentum_helps),
+)
+
+
+def hetero_claim_lines(results: list[dict[str, Any]], metric: str) -> list[str]:
+    """Markdown: each claim's verdict per split, then the numbers; nothing when the
+    results have no partition axis or no claim is decided anywhere."""
+    f = Finals(results, metric)
+    verdicts = {(c.text, s): c.check(f, s) for c in HETERO_CLAIMS for s in f.splits}
+    if all(v.outcome == NOT_RUN for v in verdicts.values()):
+        return []
+    lines = ["", f"## Claims on heterogeneous data (final test {metric})", "",
+             f"Worker momentum {MOMENTUM:g} unless the claim is about it; verdicts by the "
+             "margin rule over seeds (see the paper's claims).", "",
+             "| claim | source | " + " | ".join(f.splits) + " |",
+             "|---|---|" + "---|" * len(f.splits)]
+    for c in HETERO_CLAIMS:
+        lines.append(f"| {c.text} | {c.source} | "
+                     + " | ".join(verdicts[(c.text, s)].outcome for s in f.splits) + " |")
+    lines += ["", "The numbers (mean ± 2 standard errors; the worst attack in brackets):", ""]
+    for c in HETERO_CLAIMS:
+        for s in f.splits:
+            v = verdicts[(c.text, s)]
+            if v.outcome not in (NOT_RUN, NOT_APPLICABLE):
+                lines.append(f"* {c.text}, {s}: **{v.outcome}**: {v.evidence}")
+    return lines
+
