@@ -126,10 +126,10 @@ def test_grids_lists_and_prints_the_shipped_files() -> None:
 
 
 def test_the_shipped_heterogeneity_grid_pairs_the_byzantine_and_the_iid_workers() -> None:
-    """Its slices as the file says: 1,374 runs; an attacked cell's Byzantine workers are its
+    """Its slices as the file says: 1,224 runs; an attacked cell's Byzantine workers are its
     iid workers (the split over the honest ones), an unattacked cell has neither."""
     grid = load_grid(shipped()["heterogeneity"])
-    assert len(grid.cells) == 1374
+    assert len(grid.cells) == 1224
     for cell in grid.cells:
         attacked = cell.attack["worker_attack"] != "none"
         expected = (0, 1, 2, 3) if attacked else ()
