@@ -269,9 +269,10 @@ class GridFileError(click.ClickException):
 @engine_options
 def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: int,
              **values: Any) -> None:
-    """Run the grid written in GRID.toml: its keys are run settings (the flags without
-    "--") and seeds; a list is an axis of the product; [[exclude]] and [[only]] tables
-    drop combinations (see `ps-experiment grids` for the shipped files to copy).
+    """Run the grid written in GRID.toml (or a shipped grid, by its name: ps-experiment
+    run heterogeneity): its keys are run settings (the flags without "--") and seeds; a
+    list is an axis of the product; [[exclude]] and [[only]] tables drop combinations
+    (see `ps-experiment grids` for the shipped files to copy).
 
     Every cell is checked before any runs. Writes report.md (final accuracy per cell,
     mean ± std over seeds; with a [report] table, a worst-case heat map and accuracy
@@ -281,6 +282,8 @@ def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: 
     """
     from ps.experiments.runner import CellRun
 
+    if not grid_file.exists() and str(grid_file) in shipped():
+        grid_file = shipped()[str(grid_file)]
     try:
         grid = load_grid(grid_file)
     except ConfigError as exc:

@@ -102,6 +102,18 @@ def test_a_refused_grid_exits_2_with_its_line_before_anything_runs(tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
+def test_run_takes_a_shipped_grid_by_its_name(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[int] = []
+    monkeypatch.setattr("ps.experiments.cli.execute",
+                        lambda cells, *args: ran.append(len(cells)))
+    result = CliRunner().invoke(main, ["run", "heterogeneity", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert ran == [len(load_grid(shipped()["heterogeneity"]).cells)]
+    missing = CliRunner().invoke(main, ["run", "nope", "--out", str(tmp_path)])
+    assert missing.exit_code == 2 and "nope: cannot read" in missing.output
+
+
 def test_the_shipped_paper_grid_has_the_cells_of_ps_experiment_paper() -> None:
     ours = load_grid(shipped()["paper"]).cells
     theirs = paper_cells(GridSpec())
