@@ -348,8 +348,9 @@ CLAIMS: tuple[Claim, ...] = (
 def judge(claim: Claim, m: Measures) -> Verdict:
     """The claim's verdict, or ``not run`` when the grid lacks a run it reads."""
     # every rule the claim reads in its scenario and without attack (the baselines)
-    needed = [(r, s) for r in (*claim.rules, "mean") for s in (claim.scenario, "none")
-              if r != "mean" or s == "none" or "mean" in claim.rules]
+    needed = list(dict.fromkeys(
+        (r, s) for r in (*claim.rules, "mean") for s in (claim.scenario, "none")
+        if r != "mean" or s == "none" or "mean" in claim.rules))
     if claim.check is not _krum_stuck_whatever_q and not all(m.has(*k) for k in needed):
         missing = ", ".join(f"{r}/{s}" for r, s in needed if not m.has(r, s))
         return Verdict(NOT_RUN, f"not run: {missing}")
