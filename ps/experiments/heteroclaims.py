@@ -182,10 +182,10 @@ HETERO_CLAIMS: tuple[HeteroClaim, ...] = (
 
 def hetero_claim_lines(results: list[dict[str, Any]], metric: str) -> list[str]:
     """Markdown: each claim's verdict per split, then the numbers; nothing when the
-    results have no partition axis or no claim is decided anywhere."""
+    results have no partition axis or no claim reads any of their cells."""
     f = Finals(results, metric)
     verdicts = {(c.text, s): c.check(f, s) for c in HETERO_CLAIMS for s in f.splits}
-    if all(v.outcome == NOT_RUN for v in verdicts.values()):
+    if all(v.outcome in (NOT_RUN, NOT_APPLICABLE) for v in verdicts.values()):
         return []
     lines = ["", f"## Claims on heterogeneous data (final test {metric})", "",
              f"Worker momentum {MOMENTUM:g} unless the claim is about it; verdicts by the "

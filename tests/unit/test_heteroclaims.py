@@ -106,3 +106,5 @@ def test_the_report_section_has_a_column_per_split_and_is_left_out_without_parti
     assert row.endswith("| holds | holds |")
     no_partition = [{**r, "axes": {}} for r in results]
     assert hetero_claim_lines(no_partition, "top1") == []
+    # a grid of centered clipping alone (the radius fit) has nothing any claim reads
+    assert hetero_claim_lines(_runs("centered-clipping", "iid", "alie", 0.7), "top1") == []
