@@ -152,3 +152,18 @@ def test_the_published_tables_are_what_the_published_results_give(tmp_path: Path
     regenerated = regenerate(directory, tmp_path).read_text(encoding="utf-8")
     committed = (directory / "report.md").read_text(encoding="utf-8")
     assert _tables(regenerated) == _tables(committed)
+
+
+def _rows(text: str) -> list[str]:
+    """A markdown text's table rows, less the header separators."""
+    return [line.strip() for line in _tables(text) if not set(line) <= set("|-: ")]
+
+
+def test_every_table_row_of_docs_results_md_is_a_published_reports() -> None:
+    """docs/results.md shows the published reports' tables, not numbers typed by hand:
+    each of its table rows (headers included) is a row of some
+    ``docs/results/<grid>/report.md``."""
+    published = {row for d in _published()
+                 for row in _rows((d / "report.md").read_text(encoding="utf-8"))}
+    page = (PUBLISHED.parent / "results.md").read_text(encoding="utf-8")
+    assert [row for row in _rows(page) if row not in published] == []
