@@ -145,6 +145,8 @@ class RunConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not self.alpha > 0:
             raise ConfigError(f"--alpha must be > 0, got {self.alpha}")
+        if list(self.iid_workers) != sorted(self.iid_workers):  # one spelling, one hash
+            return replace(self, iid_workers=tuple(sorted(self.iid_workers))).validate()
         _check_ids("--iid-workers", self.iid_workers, self.num_workers)
         _require(len(self.iid_workers) < self.num_workers,
                  "--iid-workers must leave at least one worker for the --partition split")

@@ -19,7 +19,6 @@ import numpy as np
 
 from common.attacks.base import VectorAttack, check_honest, register_attack, repeat
 from common.errors import ConfigError
-from common.rules.kernels import gram
 from common.settings import setting
 
 PERTURBATIONS = ("unit", "std", "sign")
@@ -70,25 +69,32 @@ def largest_gamma(fits: Callable[[float], bool], gamma_init: float = GAMMA_INIT,
     return good
 
 
+def squared_distances(honest: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``||honest_i - vector||^2`` for each honest row (float64)."""
+    diff = honest - vector
+    return np.einsum("ij,ij->i", diff, diff)
+
+
 def agr_agnostic(honest: np.ndarray, num_byzantine: int, kind: str, gamma_init: float,
                  tau: float, within: Callable[[np.ndarray, np.ndarray], bool]) -> np.ndarray:
     """``mean - gamma * perturbation`` with the largest gamma found for which
     ``within(squared distances of the malicious vector to the honest ones, honest squared
     distance matrix)``; ``num_byzantine`` float32 copies.
 
-    Computed in float64 from the deviations ``c_i = g_i - mean``, once per call: the
-    pairwise distances from their Gram matrix, and each candidate's distances as the
-    quadratic ``||c_i + gamma p||^2 = ||c_i||^2 + 2 gamma <c_i, p> + gamma^2 ||p||^2``,
-    so the search's steps cost O(h) each instead of O(h d)."""
+    Computed in float64 with ``einsum`` (no BLAS: the same bits whatever its thread
+    count, in every process): the honest distance matrix once, from the rows'
+    differences, and each candidate's distances from the deviations ``c_i = g_i - mean``
+    as the quadratic ``||c_i + gamma p||^2 = ||c_i||^2 + 2 gamma <c_i, p> + gamma^2
+    ||p||^2``, so that the search's steps cost O(h) each instead of O(h d)."""
     check_honest(honest, num_byzantine)
     data = honest.astype(np.float64)
     mean = data.mean(axis=0)
     p = perturbation(honest, kind).astype(np.float64)
+    pairwise = np.stack([squared_distances(data, row) for row in data])
     deviations = data - mean
-    pairwise, _ = gram.squared_distances(deviations @ deviations.T)
     norms = np.einsum("ij,ij->i", deviations, deviations)
-    along = deviations @ p
-    p_norm = float(p @ p)
+    along = np.einsum("ij,j->i", deviations, p)
+    p_norm = float(np.einsum("i,i->", p, p))
     with np.errstate(over="ignore", invalid="ignore"):
         gamma = largest_gamma(
             lambda g: bool(within(np.maximum(norms + 2 * g * along + g * g * p_norm, 0.0),

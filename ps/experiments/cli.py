@@ -92,8 +92,8 @@ def grid_options(function: Callable[..., None]) -> Callable[..., None]:
     return _decorated(function, [
         OUT_OPTION,
         click.option("--seeds", default=3, show_default=True, type=click.IntRange(1),
-                     help="Seeds per cell (the paper: 10; 3, the fewest whose spread can "
-                     "decide a verdict)."),
+                     help="Seeds per cell (the paper: 10). A verdict needs the seeds' "
+                     "spread: 2 seldom decide one."),
         options_for(COMMAND),
         click.option("--num-workers", DEPRECATED_WORKERS, default=None, hidden=True,
                      type=click.IntRange(MIN_WORKERS),

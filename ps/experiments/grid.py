@@ -153,7 +153,7 @@ class GridSpec:
     num_workers: int = 20
     num_shards: int = 4  # the paper's gambler scenario sets its own 20
     rounds: int = 500
-    seeds: int = 3  # the fewest that give a spread for the verdicts
+    seeds: int = 3  # a spread for the verdicts (2 seldom decide one)
     lr: float = 0.1
     batch_size: int = 32
     rules: tuple[str, ...] = PAPER_RULES + EXTRA_RULES

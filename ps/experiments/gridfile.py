@@ -294,6 +294,14 @@ def _report(name: str, table: Any, axes: tuple[str, ...]) -> ReportAxes | None:
         if table[key] not in usable:
             raise ConfigError(f"{where}: {key} = {table[key]!r} is not an axis of the grid "
                               f"(axes: {', '.join(usable)})")
+    named = [table[key] for key in REPORT_KEYS]
+    if len(set(named)) < len(named):
+        raise ConfigError(f"{where}: rows, columns and worst_over must be three different "
+                          "axes")
+    for combined, parts in ((DEFENCE, ("rule", "pre")), (HETEROGENEITY, PARTITION_KEYS)):
+        if combined in named and any(n in parts for n in named):
+            raise ConfigError(f"{where}: rows, columns and worst_over must be three "
+                              f"different axes ({combined} holds {', '.join(parts)})")
     return ReportAxes(table["rows"], table["columns"], table["worst_over"])
 
 

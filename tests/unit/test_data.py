@@ -188,14 +188,11 @@ def test_unknown_dataset() -> None:
     reason=f"{DEBIAN_FASHION_MNIST_DIR} absent (apt-get install dataset-fashion-mnist)",
 )
 def test_real_fashion_mnist_from_debian() -> None:
-    start = time.perf_counter()
-    ds = load_dataset("fashion-mnist")
-    elapsed = time.perf_counter() - start
+    ds = load_dataset("fashion-mnist")  # (its load time is a benchmark's, not a test's)
     assert ds.train_x.shape == (60_000, 1, 28, 28) and ds.test_x.shape == (10_000, 1, 28, 28)
     assert ds.train_y.shape == (60_000,) and ds.test_y.shape == (10_000,)
     assert torch.bincount(ds.train_y).tolist() == [6000] * 10
     assert abs(ds.train_x.mean().item()) < 0.01 and abs(ds.train_x.std().item() - 1) < 0.01
-    assert elapsed < 3.0  # about 0.5 s; generous for loaded CI machines
 
 
 # --------------------------------------------------------------------------- CIFAR-10

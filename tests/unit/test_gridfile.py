@@ -151,11 +151,17 @@ def test_the_shipped_heterogeneity_grid_pairs_the_byzantine_and_the_iid_workers(
 
 
 def test_heterogeneity_is_a_report_axis_only_where_partition_is_an_axis() -> None:
-    text = ('rule = ["mean", "krum"]\npartition = ["iid", "dirichlet"]\n'
+    text = ('rule = ["mean", "krum"]\npartition = ["iid", "dirichlet"]\nlr = [0.1, 0.2]\n'
             'alpha = [1.0, 0.1]\n'
             '[[exclude]]\npartition = "iid"\nalpha = 0.1\n'
-            '[report]\nrows = "rule"\ncolumns = "heterogeneity"\nworst_over = "partition"\n')
+            '[report]\nrows = "rule"\ncolumns = "heterogeneity"\nworst_over = "lr"\n')
     assert parse_grid(tomllib.loads(text), "g.toml").report.columns == "heterogeneity"
     with pytest.raises(ConfigError, match="not an axis of the grid"):
         parse_grid(tomllib.loads('rule = ["mean", "krum"]\n[report]\nrows = "rule"\n'
                                  'columns = "heterogeneity"\nworst_over = "rule"\n'), "g")
+    overlapping = text.replace('worst_over = "lr"', 'worst_over = "alpha"')
+    with pytest.raises(ConfigError, match="three different axes"):
+        parse_grid(tomllib.loads(overlapping), "g.toml")
+    with pytest.raises(ConfigError, match=r"defence holds rule, pre"):
+        parse_grid(tomllib.loads(text.replace('rows = "rule"', 'rows = "defence"').replace(
+            'worst_over = "lr"', 'worst_over = "rule"')), "g.toml")
