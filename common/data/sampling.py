@@ -114,21 +114,21 @@ def run_partitions(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     the first worker left with fewer samples than one batch (it could not draw a
     minibatch without repeating samples)."""
     labels = dataset.train_y.numpy()
-    iid = partition_indices(labels.size, cfg.num_workers, cfg.seed)
-    if cfg.partition == "iid":
-        parts = iid
-    else:
-        spared = set(cfg.iid_workers)
-        split_over = [w for w in range(cfg.num_workers) if w not in spared]
-        k = len(split_over)
-        partitions: dict[str, Callable[[], list[np.ndarray]]] = {
-            "dirichlet": lambda: dirichlet_partition(labels, k, cfg.alpha, cfg.seed,
-                                                     dataset.num_classes),
-            "extreme": lambda: extreme_partition(labels, k),
-            "gamma": lambda: gamma_partition(labels, k, cfg.gamma, cfg.seed),
-        }
-        split = dict(zip(split_over, partitions[cfg.partition](), strict=True))
-        parts = [split.get(w, iid[w]) for w in range(cfg.num_workers)]
+    n = cfg.num_workers
+    spared = set(cfg.iid_workers) if cfg.partition != "iid" else set()
+    iid = partition_indices(labels.size, n, cfg.seed) if cfg.partition == "iid" or spared \
+        else []
+    split_over = [w for w in range(n) if w not in spared]
+    k = len(split_over)
+    partitions: dict[str, Callable[[], list[np.ndarray]]] = {
+        "iid": lambda: iid,
+        "dirichlet": lambda: dirichlet_partition(labels, k, cfg.alpha, cfg.seed,
+                                                 dataset.num_classes),
+        "extreme": lambda: extreme_partition(labels, k),
+        "gamma": lambda: gamma_partition(labels, k, cfg.gamma, cfg.seed),
+    }
+    split = dict(zip(split_over, partitions[cfg.partition](), strict=True))
+    parts = [split[w] if w in split else iid[w] for w in range(n)]
     for worker, part in enumerate(parts):
         if part.size < cfg.batch_size:
             raise ConfigError(

@@ -12,6 +12,7 @@ against it (``none`` excluded), with that attack's seeds as its spread.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Finals:
             if r.get("seed") in seeds[key]:
                 self.pooled.add(key)
             seeds[key].add(r.get("seed"))
-            self.values[key].append(0.0 if value != value else value)
+            self.values[key].append(0.0 if math.isnan(value) else value)
         for key in self.pooled:
             del self.values[key]
         self.splits = list(dict.fromkeys(k[1] for k in self.values))
@@ -104,22 +105,25 @@ def _robust_alone_lose(f: Finals, split: str) -> Verdict:
                           f"{r} {f.of(r, split, MOMENTUM, NO_ATTACK).text()}" for r in rules))
 
 
-def _worst_over_shared(f: Finals, a: tuple[str, str], b: tuple[str, str]
+Cell = tuple[str, str, float]  # defence, split, momentum
+
+
+def _worst_over_shared(f: Finals, a: Cell, b: Cell
                        ) -> tuple[tuple[str, Sample] | None, tuple[str, Sample] | None]:
-    """The worst cases of (defence, split) ``a`` and ``b`` at ``MOMENTUM`` over the
-    attacks run against both (a worst case over more attacks would be lower for it)."""
-    shared = tuple(set(f.attacks(*a, MOMENTUM)) & set(f.attacks(*b, MOMENTUM)))
+    """The worst cases of ``a`` and ``b`` over the attacks run against both (a worst case
+    over more attacks would be lower for that alone)."""
+    shared = tuple(set(f.attacks(*a)) & set(f.attacks(*b)))
     if not shared:
         return None, None
-    return f.worst(*a, MOMENTUM, shared), f.worst(*b, MOMENTUM, shared)
+    return f.worst(*a, shared), f.worst(*b, shared)
 
 
 def _recovers(pre: str, rules: tuple[str, ...]) -> Callable[[Finals, str], Verdict]:
     """``pre`` before each rule: its worst case above the rule's alone (over the attacks
     run against both)."""
     def check(f: Finals, split: str) -> Verdict:
-        pairs = [(r, *_worst_over_shared(f, (r, split), (f"{pre}+{r}", split)))
-                 for r in rules]
+        pairs = [(r, *_worst_over_shared(f, (r, split, MOMENTUM),
+                                         (f"{pre}+{r}", split, MOMENTUM))) for r in rules]
         pairs = [(r, alone, after) for r, alone, after in pairs if alone and after]
         if not pairs:
             return Verdict(NOT_RUN, f"no attacked {pre}+rule beside its rule")
@@ -147,14 +151,9 @@ def _mimic_costs(f: Finals, split: str) -> Verdict:
 def _momentum_helps(f: Finals, split: str) -> Verdict:
     """Each defence run at momentum 0: its worst case over the attacks run at both momenta
     higher with momentum."""
-    rows = []
-    for defence in dict.fromkeys(k[0] for k in f.values if k[1] == split and k[2] == 0.0):
-        shared = tuple(set(f.attacks(defence, split, 0.0)) & set(f.attacks(
-            defence, split, MOMENTUM)))
-        without, with_ = f.worst(defence, split, 0.0, shared), f.worst(defence, split,
-                                                                       MOMENTUM, shared)
-        if without and with_:
-            rows.append((defence, without, with_))
+    rows = [(d, *_worst_over_shared(f, (d, split, 0.0), (d, split, MOMENTUM)))
+            for d in dict.fromkeys(k[0] for k in f.values if k[1:3] == (split, 0.0))]
+    rows = [(d, without, with_) for d, without, with_ in rows if without and with_]
     if not rows:
         return Verdict(NOT_RUN, "no defence run at both momenta")
     return Verdict.of(
@@ -168,7 +167,7 @@ def _close_to_iid(f: Finals, split: str) -> Verdict:
     one (over the attacks run on both splits)."""
     if split == "iid":
         return Verdict(NOT_APPLICABLE, "the iid split itself")
-    rows = [(d, *_worst_over_shared(f, (d, split), (d, "iid")))
+    rows = [(d, *_worst_over_shared(f, (d, split, MOMENTUM), (d, "iid", MOMENTUM)))
             for d in (f"nnm+{r}" for r in ROBUST)]
     rows = [(d, here, iid) for d, here, iid in rows if here and iid]
     if not rows:
