@@ -228,8 +228,9 @@ class AttackConfig:
                                 "vector attack on the pushes of --proxy-victims.",
                                 roles=(PROXY, *LAUNCHERS), choices=_proxy_attacks)
     proxy_shards: tuple[int, ...] = setting(
-        (), "Shards whose server has a proxy in front (default 0 when --proxy-attack).",
-        roles=LAUNCHERS, minimum=0)
+        (), "Shards a proxy corrupts, in front of the server process hosting each (default "
+        "0 when --proxy-attack; ps-proxy: default every shard of its server).",
+        roles=(PROXY, *LAUNCHERS), minimum=0)
     proxy_victims: tuple[int, ...] = setting(
         (), "Workers whose pushes a proxy's vector attack replaces.",
         roles=(PROXY, *LAUNCHERS), minimum=0)

@@ -6,11 +6,13 @@ A key directory holds, for each identity, ``<name>.key`` (the public key) and
 it may reach and send (:meth:`Identity.reaches`, checked by the servers' ZAP handler
 when a connection is made, and by ``server.sessions.check_claim`` for every message):
 
-* ``server-<s>``: the server of shard s (clients check they talk to this key);
-* ``worker-<i>``: worker i, at every shard; it may say HELLO and push only as worker i;
-* ``evaluator``: every shard; it may only PULL and ask STATUS;
-* ``proxy-<s>``: the man-in-the-middle test tool in front of shard s: admitted only by
-  the server of shard s, where it relays the sessions of the workers behind it. A
+* ``server-<s>``: the server process whose first shard is s (a process is named by its
+  first shard, ``common.sharding``; with one shard per process, the server of shard s);
+  clients check they talk to this key;
+* ``worker-<i>``: worker i, at every server; it may say HELLO and push only as worker i;
+* ``evaluator``: every server; it may only PULL and ask STATUS;
+* ``proxy-<s>``: the man-in-the-middle test tool in front of server process s: admitted
+  only by that process, where it relays the sessions of the workers behind it. A
   deployment never creates these: a proxy can corrupt values only because the test gave
   it a key the server of its shard accepts (and the key of the server it impersonates).
 
@@ -63,8 +65,9 @@ class Identity:
         return cls(match.group(1), int(match.group(2)))
 
     def reaches(self, shard: int) -> bool:
-        """Whether this client key may connect to the server of ``shard``: a worker or
-        the evaluator at every shard, a proxy only at the shard it fronts."""
+        """Whether this client key may connect to the server process named ``shard``
+        (its first shard): a worker or the evaluator at every one, a proxy only at the
+        process it fronts."""
         if self.role in ("worker", "evaluator"):
             return True
         return self.role == "proxy" and self.index == shard
@@ -223,31 +226,33 @@ class KeyRing:
             raise ConfigError(f"{self.directory / (name + SECRET_SUFFIX)} holds no secret key")
         return public, secret
 
-    def server_curve(self, shard: int, num_workers: int) -> CurveServer:
-        """What the server of ``shard`` binds with: its key pair, and the client keys
-        whose scope includes the shard (workers 0..n-1, the evaluator, ``proxy-<shard>``)."""
-        return CurveServer(*self.pair(f"server-{shard}"), self.clients(shard, num_workers))
+    def server_curve(self, server: int, num_workers: int) -> CurveServer:
+        """What server process ``server`` (its first shard) binds with: its key pair,
+        and the client keys whose scope includes it (workers 0..n-1, the evaluator,
+        ``proxy-<server>``)."""
+        return CurveServer(*self.pair(f"server-{server}"), self.clients(server, num_workers))
 
-    def front_curve(self, shard: int, num_workers: int) -> CurveServer:
-        """What a proxy impersonating the server of ``shard`` binds with: that server's
-        key pair, admitting the workers only (the evaluator reads the real servers)."""
-        workers = {k: i for k, i in self.clients(shard, num_workers).items()
+    def front_curve(self, server: int, num_workers: int) -> CurveServer:
+        """What a proxy impersonating server process ``server`` binds with: that
+        server's key pair, admitting the workers only (the evaluator reads the real
+        servers)."""
+        workers = {k: i for k, i in self.clients(server, num_workers).items()
                    if i.role == "worker"}
-        return CurveServer(*self.pair(f"server-{shard}"), workers)
+        return CurveServer(*self.pair(f"server-{server}"), workers)
 
-    def client_curve(self, name: str, shard: int) -> CurveClient:
-        """What ``name`` connects to the server of ``shard`` with."""
-        return CurveClient(*self.pair(name), self.public(f"server-{shard}"))
+    def client_curve(self, name: str, server: int) -> CurveClient:
+        """What ``name`` connects to server process ``server`` (its first shard) with."""
+        return CurveClient(*self.pair(name), self.public(f"server-{server}"))
 
-    def clients(self, shard: int, num_workers: int) -> dict[bytes, Identity]:
-        """The client identities of the directory whose scope includes ``shard``, by
-        public key: the evaluator, the proxy of the shard, and the workers of the run
+    def clients(self, server: int, num_workers: int) -> dict[bytes, Identity]:
+        """The client identities of the directory whose scope includes server process
+        ``server``, by public key: the evaluator, its proxy, and the workers of the run
         (a leftover key of a worker id the run does not have is not one)."""
         found: dict[bytes, Identity] = {}
         for path in sorted(self.directory.glob("*" + PUBLIC_SUFFIX)):
             identity = Identity.parse(path.name[: -len(PUBLIC_SUFFIX)])
             if (identity is not None and identity.role in CLIENT_ROLES
-                    and identity.reaches(shard)
+                    and identity.reaches(server)
                     and not (identity.role == "worker" and identity.index >= num_workers)):
                 found[self.public(identity.name)] = identity
         return found

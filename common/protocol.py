@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DTYPE = "<f4"
 ITEM_BYTES = 4
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -116,14 +116,16 @@ class Hello:
 
 @dataclass(frozen=True)
 class Welcome:
-    """A server accepts a HELLO: its shard, the shard's range of the model, the current round."""
+    """A server process accepts a HELLO: the shards it hosts (ascending; their ranges
+    follow from d and S, ``common.sharding``), ``length`` (the values a PUSH to it or a
+    PARAMS from it carries: its shards' slices, concatenated in shard order), the
+    current round."""
 
     op: ClassVar[Op] = Op.WELCOME
-    shard: int
+    shards: list[int]
     num_shards: int
-    start: int
-    stop: int
     d: int
+    length: int
     round: int
     rounds: int
 
@@ -142,17 +144,19 @@ class Pull:
 
 @dataclass(frozen=True)
 class Params:
-    """The shard's parameters at ``round``; ``length`` float32 values follow as raw frames."""
+    """The parameters of the server's ``shards`` at ``round``, concatenated in shard
+    order; ``length`` float32 values follow as raw frames."""
 
     op: ClassVar[Op] = Op.PARAMS
     round: int
-    shard: int
+    shards: list[int]
     length: int
 
 
 @dataclass(frozen=True)
 class Push:
-    """Worker ``worker``'s gradient shard for ``round``; ``length`` float32 values follow.
+    """Worker ``worker``'s gradient for ``round`` on the server's shards (their slices
+    concatenated in shard order); ``length`` float32 values follow.
 
     With ``pull_next`` the reply is not an ACK but PARAMS(round + 1), sent once that
     round exists: one exchange per shard and round instead of two.
@@ -183,10 +187,11 @@ class Status:
 
 @dataclass(frozen=True)
 class StatusReply:
-    """A server's state: round, progress of the current round, error counters."""
+    """A server's state: its shards, round, progress of the current round, error
+    counters."""
 
     op: ClassVar[Op] = Op.STATUS_REPLY
-    shard: int
+    shards: list[int]
     round: int
     rounds: int
     finished: bool
@@ -226,9 +231,16 @@ class Message:
         """Copy the payload into ``out`` (1-D float32 of exactly the payload's length)."""
         copy_chunks_into(self.chunks, out)
 
+    def tensor_part_into(self, offset: int, out: np.ndarray) -> None:
+        """Copy the payload's values ``offset .. offset + out.size`` into ``out`` (one
+        shard's slice of a message carrying several), without an intermediate array."""
+        copy_chunks_part_into(self.chunks, out, offset * ITEM_BYTES)
 
-def encode(header: Header, tensor: np.ndarray | None = None) -> list[Buffer]:
-    """Frames for ``header`` (and the tensor of a PARAMS/PUSH message)."""
+
+def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = None,
+           ) -> list[Buffer]:
+    """Frames for ``header`` (and the tensor of a PARAMS/PUSH message: an array, or a
+    sequence of arrays sent one after the other without copying, ``length`` in all)."""
     body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
     for name, *_ in _SCHEMAS[type(header)]:
         body[name] = getattr(header, name)
@@ -236,7 +248,12 @@ def encode(header: Header, tensor: np.ndarray | None = None) -> list[Buffer]:
     if header.op in _TENSOR_OPS:
         if tensor is None:
             raise ValueError(f"{header.op.name} needs a tensor")
-        frames.extend(array_to_chunks(tensor, _length(header)))
+        parts = [tensor] if isinstance(tensor, np.ndarray) else list(tensor)
+        if sum(int(np.size(p)) for p in parts) != _length(header):
+            raise ValueError(f"{header.op.name} announces {_length(header)} values, the "
+                             f"tensor holds {sum(int(np.size(p)) for p in parts)}")
+        for part in parts:
+            frames.extend(array_to_chunks(part, int(np.size(part))))
     elif tensor is not None:
         raise ValueError(f"{header.op.name} carries no tensor")
     return frames
@@ -306,14 +323,37 @@ def chunks_to_array(chunks: Sequence[memoryview], length: int) -> np.ndarray:
 
 
 def copy_chunks_into(chunks: Sequence[memoryview], out: np.ndarray) -> None:
-    """Copy the payload chunks into ``out`` without an intermediate array."""
+    """Copy the payload chunks into ``out``, which they must fill exactly, without an
+    intermediate array."""
+    filled, size = _copy_range(chunks, out, 0)
+    if filled != out.nbytes or size != out.nbytes:
+        raise ProtocolError(f"payload has {size} bytes, destination needs {out.nbytes}")
+
+
+def copy_chunks_part_into(chunks: Sequence[memoryview], out: np.ndarray, skip: int) -> None:
+    """Copy the payload's bytes from ``skip`` on into ``out`` (filling it) without an
+    intermediate array."""
+    filled, size = _copy_range(chunks, out, skip)
+    if filled != out.nbytes:
+        raise ProtocolError(f"payload has {size} bytes, not the {out.nbytes} needed from "
+                            f"byte {skip}")
+
+
+def _copy_range(chunks: Sequence[memoryview], out: np.ndarray, skip: int) -> tuple[int, int]:
+    """Copy from byte ``skip`` of the payload into ``out``, as far as both go: (bytes
+    of ``out`` filled, bytes of the payload)."""
     target = memoryview(out).cast("B")
-    pos = 0
+    pos = 0  # bytes of target filled
+    seen = 0  # bytes of the payload passed
     for c in chunks:
-        target[pos : pos + len(c)] = c
-        pos += len(c)
-    if pos != len(target):
-        raise ProtocolError(f"payload has {pos} bytes, destination needs {len(target)}")
+        begin = max(skip - seen, 0)
+        seen += len(c)
+        if begin >= len(c) or pos >= len(target):
+            continue
+        take = min(len(c) - begin, len(target) - pos)
+        target[pos : pos + take] = c[begin : begin + take]
+        pos += take
+    return pos, seen
 
 
 def _length(header: Header) -> int:

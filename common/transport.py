@@ -113,12 +113,14 @@ class Incoming:
         return tuple(bytes(f) for f in self.envelope)
 
 
-def largest_message(shard_size: int) -> int:
-    """What the largest legal message for a shard costs a node (:func:`receive`): its
-    header, values and envelope, and ``FRAME_COST`` per frame."""
-    chunks = max(1, -(-ITEM_BYTES * shard_size // CHUNK_BYTES))
+def largest_message(length: int) -> int:
+    """What the largest legal message for a server process of ``length`` values (its
+    shards' together) costs a node (:func:`receive`): its header, values and envelope,
+    and ``FRAME_COST`` per frame (a sender splitting the values at the shards' spans
+    adds a frame or two, well within the header's bound)."""
+    chunks = max(1, -(-ITEM_BYTES * length // CHUNK_BYTES))
     frames = MAX_ENVELOPE_DEPTH + 2 + chunks  # envelope, delimiter, header, chunks
-    return (MAX_HEADER_BYTES + ITEM_BYTES * shard_size
+    return (MAX_HEADER_BYTES + ITEM_BYTES * length
             + MAX_ENVELOPE_DEPTH * MAX_ROUTING_ID_BYTES + FRAME_COST * frames)
 
 
@@ -252,7 +254,7 @@ def _envelope_part(frames: list[Any]) -> list[Any]:
 
 
 def send(sock: zmq.Socket, envelope: Sequence[Any], header: Header,
-         tensor: np.ndarray | None = None) -> None:
+         tensor: np.ndarray | Sequence[np.ndarray] | None = None) -> None:
     """Send ``header`` (and its tensor) behind ``envelope``."""
     send_frames(sock, join_envelope(envelope, encode(header, tensor)))
 
@@ -379,7 +381,7 @@ class Listener:
         return incoming
 
     def send(self, envelope: Sequence[Any], header: Header,
-             tensor: np.ndarray | None = None) -> None:
+             tensor: np.ndarray | Sequence[np.ndarray] | None = None) -> None:
         send(self.sock, envelope, header, tensor)
 
     def offences(self) -> list[tuple[Identity | None, str]]:

@@ -1,31 +1,57 @@
-"""Start-up, memory and throughput of a local cluster against the in-process reference
-engine, measured in one run and printed as one table:
+"""Start-up, memory, CPU and throughput of a local cluster against the in-process
+reference engine, measured in one run and printed as one table per topic:
 
 * launch of ``ps-cluster`` (a fresh process, as a user starts it) to the end of round 0,
   and where that time went (the forking launcher's imports, kernels and dataset; the
   servers ready; every process started);
 * peak PSS of all processes (the launcher and its children, sampled every 0.2 s);
-* steady rounds/s (the servers' timestamps, start-up excluded) for each number of
-  servers, the reference engine's (one process, one thread) and the ratios.
+* CPU-seconds per round of all processes together (the launcher and its children, each
+  with all its threads: ``/proc/<pid>/stat`` utime + stime, sampled with the PSS) in the
+  steady window (server-0's round 10 to its last round), against the reference engine's
+  (``time.process_time()`` over its rounds from round 10 on; its rounds/s, as the
+  cluster's, after round 0, which carries the kernels' warm-up);
+* steady rounds/s (the servers' timestamps, start-up excluded) for each layout ``S:P``
+  (S shards on P server processes, ``ps-cluster --server-processes P``), with keys and
+  without (``--security``), the reference engine's (one process, one thread) and the
+  ratios; then the issue's targets as ratios of this run: S=20 on 4 processes / S=4 on
+  4 (and S=20 on 20 / S=4 on 4 for comparison), and the cluster at S=4 (its best P) /
+  the reference engine, in rounds/s and in CPU per round, with and without keys.
 
-    python3 scripts/bench_cluster.py                               # S = 1, 4, 20; fork
-    python3 scripts/bench_cluster.py --shards 4 --start fork,exec  # both start methods
-    python3 scripts/bench_cluster.py --model cnn --dataset synthetic --shards 4
-    python3 scripts/bench_cluster.py --shards 4 --d-models mlp,cnn,wide  # + scaling in d
+    python3 scripts/bench_cluster.py             # layouts 4:1,4:2,4:4,20:4,20:20, keys and
+                                                 # insecure (every layout in each), fork
+    python3 scripts/bench_cluster.py --layouts 4:4,20:4 --security keys
+    python3 scripts/bench_cluster.py --shards 4,1,20    # shorthand: layouts 4:4,1:1,20:20
+    python3 scripts/bench_cluster.py --layouts 4:4 --start fork,exec  # both start methods
+    python3 scripts/bench_cluster.py --model cnn --dataset synthetic --layouts 4:4
+    python3 scripts/bench_cluster.py --layouts 4:4 --d-models mlp,cnn,wide  # + scaling in d
+    python3 scripts/bench_cluster.py --n-scaling 20,50,100  # + scaling in n (S=4, keys)
+    python3 scripts/bench_cluster.py --layouts 4:2 --rounds 15 --no-floor  # a quick check
 
-Scaling in d (``--d-models``): the same cluster (S = 4) with each model for
-``--d-rounds`` rounds, against what the machine can do. The floor of a round is the
-bytes every server moves (n pushes in, n replies out, of d/S float32 each) at the wire
-framing's ceiling measured in the same run (``scripts/bench_wire.py``'s, with CURVE
-unless ``--insecure``: one encrypting and one decrypting process, so both cores), plus
-the n gradients and the S aggregations, each timed alone in this process (one thread),
-spread over the machine's cores.
+Every layout runs once per security mode (``--security keys,insecure``, the default:
+each layout with keys, then each without; ``--insecure`` is short for ``--security
+insecure``) and start method (``--start``). The reference engine runs once, at S=4
+(the first layout's S if none has 4); the final parameters of every S=4 run must be
+bit-identical to its.
 
-The messaging floor (``scripts/bench_floor.py``): for each S, a synthetic cluster with
-the same n, d, CURVE and message pattern whose workers and servers only spin for the
-gradient and aggregation times measured alone, with almost no Python. It is what any
-design with one process and socket per shard can reach here; the table shows the
-cluster against it and the floor against the reference engine and across S.
+Scaling in n (``--n-scaling``): the cluster with each n at S=4 on ``--n-processes``
+server processes, with keys, on ``--n-dataset`` (Fashion-MNIST) for ``--n-rounds`` rounds:
+rounds/s, CPU per round (all processes, and per worker) and peak PSS.
+
+Scaling in d (``--d-models``): the same cluster (S=4 on ``--d-processes`` server
+processes) with each model for ``--d-rounds`` rounds, against what the machine can do.
+The floor of a round is the bytes every server process moves (n pushes in, n replies
+out, of d/P float32 each) at the wire framing's ceiling measured in the same run
+(``scripts/bench_wire.py``'s, with CURVE unless ``--security insecure``: one encrypting
+and one decrypting process, so both cores), plus the n gradients and the S
+aggregations, each timed alone in this process (one thread), spread over the
+machine's cores.
+
+The messaging floor (``scripts/bench_floor.py``, skipped with ``--no-floor``): for each
+layout and security mode, a synthetic cluster with the same n, d, S, P, CURVE and
+message pattern (n*P round trips a round) whose workers and servers only spin for the
+gradient and aggregation times measured alone, with almost no Python. It is what the
+cluster's design can reach here; the table shows the cluster against it and the floor
+against the reference engine and across layouts.
 """
 
 from __future__ import annotations
@@ -39,11 +65,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import torch
 
 from common.config import AttackConfig, RunConfig
@@ -53,6 +80,7 @@ from common.model_init import initial_parameters
 from common.models import build_model, num_parameters
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
+from common.sharding import server_blocks
 from ps.reference.engine import simulate
 from worker.trainer import GradientComputer
 
@@ -61,6 +89,9 @@ from bench_floor import Floor, measure_floor  # sibling scripts
 from bench_wire import MODES, measure
 
 SAMPLE_S = 0.2
+STEADY_FROM = 10  # the steady window of the CPU figures: from this round to the last
+SECURITY_MODES = ("keys", "insecure")
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -75,8 +106,23 @@ class Measured:
     peak_pss_mb: float
     wall_s: float
     digest: str
-    bytes_in_per_s_per_server: float = 0.0
+    bytes_in_per_s_per_server: float = 0.0  # per server process
+    processes: int = 0
+    security: str = "keys"
+    start: str = "fork"
+    workers: int = 0
+    cpu_s_per_round: float | None = None  # all processes, steady window; None: too short
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Reference:
+    """The in-process reference engine's figures."""
+
+    shards: int
+    rounds_per_s: float
+    cpu_s_per_round: float
+    digest: str
 
 
 def pss_mb(pid: int) -> float:
@@ -90,41 +136,79 @@ def pss_mb(pid: int) -> float:
     return 0.0
 
 
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the launcher's children, forked or executed)."""
-    found = []
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """Every process's (parent, utime + stime in seconds, all its threads together)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
-            except OSError:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
+            found[int(entry.name)] = (int(fields[1]),
+                                      (int(fields[11]) + int(fields[12])) * TICK_S)
     return found
 
 
-class PeakPss(threading.Thread):
-    """Samples the summed PSS of a process and its children until stopped."""
+def _tree(pid: int, stats: dict[int, tuple[int, float]]) -> list[int]:
+    """``pid`` and all its descendants (the launcher's children, forked or executed)."""
+    children: dict[int, list[int]] = {}
+    for p, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+class Sampler(threading.Thread):
+    """Samples a process and its descendants every ``SAMPLE_S`` until stopped: the peak
+    of their summed PSS, and (wall time, summed utime + stime) pairs."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.peak = 0.0
+        self.cpu: list[tuple[float, float]] = []  # (time.time(), CPU seconds)
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(SAMPLE_S):
-            total = sum(pss_mb(p) for p in [self.pid, *children_of(self.pid)])
-            self.peak = max(self.peak, total)
+            stats = _proc_stats()
+            now = time.time()
+            pids = _tree(self.pid, stats)
+            self.cpu.append((now, sum(stats[p][1] for p in pids)))
+            self.peak = max(self.peak, sum(pss_mb(p) for p in pids))
+
+    def cpu_per_round(self, times: list[float]) -> float | None:
+        """CPU seconds per round between the first and the last sample inside the steady
+        window (``times``: server-0's round timestamps; from round ``STEADY_FROM`` to the
+        last), the rounds in between interpolated from them; None if fewer than two
+        samples fall inside (a run too short or too fast)."""
+        if len(times) < 2:
+            return None
+        begin, end = times[min(STEADY_FROM, len(times) - 2)], times[-1]
+        inside = [(t, c) for t, c in self.cpu if begin <= t <= end]
+        if len(inside) < 2:
+            return None
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        index = np.arange(len(times), dtype=float)
+        rounds = float(np.interp(t1, times, index) - np.interp(t0, times, index))
+        return (c1 - c0) / rounds if rounds > 0 else None
 
 
-def run_cluster(args: list[str], out: Path, label: str, shards: int) -> Measured:
-    """Start ``ps-cluster`` with ``args`` as a fresh process and measure it."""
+def run_cluster(args: list[str], out: Path, label: str, shards: int,
+                processes: int | None = None) -> Measured:
+    """Start ``ps-cluster`` with ``args`` as a fresh process and measure it (``processes``:
+    the ``--server-processes`` in ``args``; None: one per shard)."""
+    processes = processes or shards
     argv = [sys.executable, "-m", "ps.launcher.cli", *args, "--out-dir", str(out)]
     launched = time.time()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sampler = PeakPss(process.pid)
+    sampler = Sampler(process.pid)
     sampler.start()
     _, stderr = process.communicate()
     sampler.stopped.set()
@@ -134,24 +218,43 @@ def run_cluster(args: list[str], out: Path, label: str, shards: int) -> Measured
                                    + stderr.decode(errors="replace")[-3000:])
     summary = json.loads((out / "summary.json").read_text())
     rounds = read_jsonl(out / "server-0.jsonl")
-    span = rounds[-1]["time"] - rounds[0]["time"]
+    times = [r["time"] for r in rounds]
+    span = times[-1] - times[0]
+    firsts = [block[0] for block in server_blocks(shards, processes)]  # one per process
     ingested = sum(read_jsonl(out / f"server-{s}.jsonl")[-1]["bytes_in"]
-                   for s in range(shards)) / shards
+                   for s in firsts) / len(firsts)
     return Measured(label=label, shards=shards,
-                    launch_to_round0_s=rounds[0]["time"] - launched,
+                    launch_to_round0_s=times[0] - launched,
                     startup=summary.get("startup", {}),
                     rounds_per_s=summary["rounds_per_s"], peak_pss_mb=sampler.peak,
                     wall_s=time.time() - launched, digest=summary["params_sha256"],
-                    bytes_in_per_s_per_server=ingested / span if span > 0 else 0.0)
+                    bytes_in_per_s_per_server=ingested / span if span > 0 else 0.0,
+                    processes=processes, cpu_s_per_round=sampler.cpu_per_round(times))
 
 
-def reference_rounds_per_s(cfg: RunConfig) -> tuple[float, str]:
-    """The in-process reference engine (one thread, as each cluster process) on ``cfg``."""
+def reference_engine(cfg: RunConfig) -> Reference:
+    """The in-process reference engine (one thread, as each cluster process) on ``cfg``:
+    rounds/s after round 0, as the cluster's summary counts them (round 0 carries the
+    kernels' warm-up: most of a second), and CPU (``time.process_time()``) per round
+    from round ``STEADY_FROM`` on, as the cluster's steady window (from round 1 if
+    there are not more rounds)."""
     torch.set_num_threads(1)
     attack = AttackConfig().validate(cfg)
-    result = simulate(cfg, attack, dataset=load_dataset(cfg.dataset, seed=cfg.seed))
-    return cfg.rounds / result.seconds, result.digest
+    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    steady_from = STEADY_FROM if cfg.rounds > STEADY_FROM else 1
+    wall: dict[int, float] = {}
+    cpu: dict[int, float] = {}
 
+    def on_round(t: int, _: Any) -> None:  # t rounds done
+        if t in (1, steady_from, cfg.rounds):
+            wall[t], cpu[t] = time.perf_counter(), time.process_time()
+
+    result = simulate(cfg, attack, dataset=dataset, on_round=on_round)
+    if cfg.rounds < 2:
+        return Reference(cfg.num_shards, cfg.rounds / result.seconds, cpu[1], result.digest)
+    return Reference(cfg.num_shards, (cfg.rounds - 1) / (wall[cfg.rounds] - wall[1]),
+                     (cpu[cfg.rounds] - cpu[steady_from]) / (cfg.rounds - steady_from),
+                     result.digest)
 
 @dataclass
 class DScaling:
@@ -160,13 +263,33 @@ class DScaling:
     model: str
     d: int
     rounds_per_s: float
-    mb_in_per_s_per_server: float
+    mb_in_per_s_per_server: float  # per server process
     ceiling_mb_per_s: float
     message_mb: float
     compute_ms: float  # one gradient, measured alone
     aggregation_ms: float  # one shard's aggregation, measured alone
     round_ms: float  # median interval between rounds
     floor_ms: float
+    processes: int = 0
+
+
+@dataclass
+class NScaling:
+    """One n's run at S = 4 (keys)."""
+
+    workers: int
+    shards: int
+    processes: int
+    rounds: int
+    rounds_per_s: float
+    cpu_s_per_round: float | None
+    peak_pss_mb: float
+    launch_to_round0_s: float
+
+    @property
+    def cpu_ms_per_round_per_worker(self) -> float | None:
+        return (None if self.cpu_s_per_round is None
+                else self.cpu_s_per_round / self.workers * 1e3)
 
 
 def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, float]:
@@ -192,16 +315,18 @@ def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, flo
             median_ms(lambda: defence(rows, context)))
 
 
-def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, insecure: bool,
-              data: Any) -> DScaling:
-    """Run the cluster with ``model`` and compare its rounds with the floor."""
-    measured = run_cluster([*args, "--model", model, "--shards", str(cfg.num_shards)], out,
-                           f"d: {model}", cfg.num_shards)
+def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, processes: int,
+              insecure: bool, data: Any) -> DScaling:
+    """Run the cluster with ``model`` (S shards on ``processes`` server processes) and
+    compare its rounds with the floor."""
+    measured = run_cluster([*args, "--model", model, "--shards", str(cfg.num_shards),
+                            "--server-processes", str(processes)], out,
+                           f"d: {model}", cfg.num_shards, processes)
     d = num_parameters(build_model(model, tuple(data.train_x.shape[1:]), data.num_classes, 0))
     times = [r["time"] for r in read_jsonl(out / "server-0.jsonl")]
     round_ms = statistics.median(b - a for a, b in itertools.pairwise(times)) * 1e3
     compute_ms, aggregation_ms = isolated_costs(cfg, data)
-    message_mb = d / cfg.num_shards * 4 / 1e6
+    message_mb = d / processes * 4 / 1e6  # one push to a server process
     ceiling = measure(MODES[0], message_mb, max(5, int(400 / message_mb)),
                       curve=not insecure) * 1e3  # MB/s
     wire_mb = 2 * cfg.num_workers * d * 4 / 1e6  # every push in, every reply out
@@ -209,13 +334,15 @@ def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, insecure: 
     floor_ms = (wire_mb / ceiling * 1e3
                 + (cfg.num_workers * compute_ms + cfg.num_shards * aggregation_ms) / cores)
     return DScaling(model, d, measured.rounds_per_s, measured.bytes_in_per_s_per_server / 1e6,
-                    ceiling, message_mb, compute_ms, aggregation_ms, round_ms, floor_ms)
+                    ceiling, message_mb, compute_ms, aggregation_ms, round_ms, floor_ms,
+                    processes)
 
 
 def _print_d_table(rows: list[DScaling]) -> None:
-    click.echo("\nscaling in d (S=4): the floor is the wire share (2 n d float32 at the "
-               "ceiling) plus n gradients and S aggregations over the cores")
-    click.echo("| model | d | rounds/s | MB/s in per server | wire ceiling at d/S | "
+    click.echo(f"\nscaling in d (S=4 on P={rows[0].processes} server processes): the floor is "
+               f"the wire share (2 n d float32 at the ceiling) plus n gradients and S "
+               f"aggregations over the cores")
+    click.echo("| model | d | rounds/s | MB/s in per server process | wire ceiling at d/P | "
                "gradient alone | aggregation alone | round (median) | floor | "
                "round / floor |")
     click.echo("|---|---|---|---|---|---|---|---|---|---|")
@@ -227,104 +354,260 @@ def _print_d_table(rows: list[DScaling]) -> None:
                    f"{r.round_ms / r.floor_ms:.2f} |")
 
 
+def _print_n_table(rows: list[NScaling], model: str, rule: str, dataset: str) -> None:
+    click.echo(f"\nscaling in n (S={rows[0].shards} on P={rows[0].processes} server "
+               f"processes, keys, {dataset}, {model}, {rule}, {rows[0].rounds} "
+               f"rounds; CPU of all processes in the steady window)")
+    click.echo("| n | launch to end of round 0 | steady rounds/s | CPU-s per round | "
+               "CPU-ms per round per worker | peak PSS, all processes |")
+    click.echo("|---|---|---|---|---|---|")
+    for r in rows:
+        per_worker = r.cpu_ms_per_round_per_worker
+        click.echo(f"| {r.workers} | {r.launch_to_round0_s:.2f} s | {r.rounds_per_s:.1f} | "
+                   f"{_cpu(r.cpu_s_per_round)} | "
+                   f"{'-' if per_worker is None else f'{per_worker:.1f}'} | "
+                   f"{r.peak_pss_mb / 1024:.2f} GB |")
+
+
+def _cpu(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+
+def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
+    """(S, P) pairs: ``--shards`` (S:S each) if given, else ``--layouts`` (``S:P``; a
+    bare ``S`` is ``S:S``)."""
+    if shards:
+        return [(int(s), int(s)) for s in shards.split(",")]
+    out = []
+    for entry in filter(None, (e.strip() for e in layouts.split(","))):
+        s, _, p = entry.partition(":")
+        try:
+            pair = (int(s), int(p or s))
+        except ValueError:
+            raise click.BadParameter(f"{entry!r} is not S:P", param_hint="--layouts") from None
+        if not 1 <= pair[1] <= pair[0]:
+            raise click.BadParameter(f"{entry}: P must be in 1..S", param_hint="--layouts")
+        out.append(pair)
+    if not out:
+        raise click.BadParameter("no layout", param_hint="--layouts")
+    return out
+
+
 @click.command(context_settings={"show_default": True})
 @click.option("--workers", default=20, type=int)
-@click.option("--shards", default="1,4,20", help="Numbers of servers, comma-separated.")
+@click.option("--layouts", default="4:1,4:2,4:4,20:4,20:20", help="Layouts S:P to run (S "
+              "shards on P server processes), comma-separated.")
+@click.option("--shards", default=None, help="Shorthand for --layouts with one process per "
+              "shard: 4,20 is 4:4,20:20 (overrides --layouts).")
 @click.option("--rule", default="marmed")
 @click.option("--model", default="mlp")
 @click.option("--dataset", default="fashion-mnist")
 @click.option("--rounds", default=300, type=int)
 @click.option("--start", default="fork", help="Start methods to compare: fork, exec or both "
               "(fork,exec).")
-@click.option("--insecure", is_flag=True, help="Without CURVE keys (default: with, as "
-              "ps-cluster runs by default).")
+@click.option("--security", default="keys,insecure", help="Run every layout with CURVE keys "
+              "(keys, as ps-cluster runs by default), without (insecure) or both, in that "
+              "order.")
+@click.option("--insecure", is_flag=True, help="Shorthand for --security insecure.")
+@click.option("--no-floor", is_flag=True, help="Skip the messaging floor (a quick check).")
+@click.option("--floor-rounds", default=200, type=int, help="Timed rounds of each messaging "
+              "floor (after 20 of warm-up).")
 @click.option("--d-models", default="", help="Also measure scaling in d at S=4 with these "
               "models, comma-separated (mlp, cnn, wide: 10.6M parameters).")
 @click.option("--d-rounds", default=8, type=int, help="Rounds of each --d-models run.")
+@click.option("--d-processes", default=4, type=int, help="Server processes P of the "
+              "--d-models runs (S=4).")
+@click.option("--n-scaling", default="", help="Also measure scaling in n at S=4 with keys on "
+              "--n-dataset: numbers of workers, comma-separated (e.g. 20,50,100).")
+@click.option("--n-dataset", default="fashion-mnist", help="Dataset of the --n-scaling runs "
+              "(synthetic's 2,100 samples leave 100 workers less than a batch each).")
+@click.option("--n-rounds", default=100, type=int, help="Rounds of each --n-scaling run.")
+@click.option("--n-processes", default=4, type=int, help="Server processes P of the "
+              "--n-scaling runs (S=4).")
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
-def main(workers: int, shards: str, rule: str, model: str, dataset: str, rounds: int,
-         start: str, insecure: bool, d_models: str, d_rounds: int,
-         json_path: Path | None) -> None:
+def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, dataset: str,
+         rounds: int, start: str, security: str, insecure: bool, no_floor: bool,
+         floor_rounds: int, d_models: str, d_rounds: int, d_processes: int, n_scaling: str,
+         n_rounds: int, n_dataset: str, n_processes: int, json_path: Path | None) -> None:
+    pairs = parse_layouts(layouts, shards)
+    modes = ["insecure"] if insecure else [m.strip() for m in security.split(",") if m.strip()]
+    if not modes or any(m not in SECURITY_MODES for m in modes):
+        raise click.BadParameter(f"{security!r}: keys, insecure or both",
+                                 param_hint="--security")
+    for p in (d_processes, n_processes):
+        if not 1 <= p <= 4:
+            raise click.BadParameter(f"{p} server processes for S=4: must be in 1..4")
     runs: list[Measured] = []
     for method in start.split(","):
-        for s in (int(x) for x in shards.split(",")):
-            args = ["--workers", str(workers), "--shards", str(s), "--rule", rule, "--model",
-                    model, "--dataset", dataset, "--rounds", str(rounds), "--no-evaluator",
-                    "--start", method, *(["--insecure"] if insecure else [])]
-            with tempfile.TemporaryDirectory() as tmp:
-                label = f"S={s} {method}"
-                click.echo(f"running {label} ...", err=True)
-                runs.append(run_cluster(args, Path(tmp) / "run", label, s))
-    base = next((r for r in runs if r.shards == 4), runs[0])
-    cfg = RunConfig(dataset=dataset, model=model, num_workers=workers, num_shards=base.shards,
+        for mode in modes:
+            for s, p in pairs:
+                args = ["--workers", str(workers), "--shards", str(s), "--server-processes",
+                        str(p), "--rule", rule, "--model", model, "--dataset", dataset,
+                        "--rounds", str(rounds), "--no-evaluator", "--start", method,
+                        *(["--insecure"] if mode == "insecure" else [])]
+                with tempfile.TemporaryDirectory() as tmp:
+                    label = f"S={s} P={p} {method} {mode}"
+                    click.echo(f"running {label} ...", err=True)
+                    run = run_cluster(args, Path(tmp) / "run", label, s, p)
+                runs.append(replace(run, security=mode, start=method, workers=workers))
+    ref_shards = 4 if any(s == 4 for s, _ in pairs) else pairs[0][0]
+    cfg = RunConfig(dataset=dataset, model=model, num_workers=workers, num_shards=ref_shards,
                     rule=rule, rounds=rounds).validate()
-    reference, digest = reference_rounds_per_s(cfg)
-    _print_table(runs, reference, digest, base)
-    floors = messaging_floors(runs, cfg, insecure)
-    _print_floor_table(runs, floors, reference)
+    click.echo("running the reference engine ...", err=True)
+    reference = reference_engine(cfg)
+    _print_table(runs, reference)
+    _print_identity(runs, reference)
+    targets = _print_targets(runs, reference)
+    floors: list[tuple[Measured, Floor]] = []
+    if not no_floor:
+        floors = messaging_floors(runs, cfg, floor_rounds)
+        _print_floor_table(floors, reference)
+    n_rows = []
+    for n in (int(x) for x in filter(None, n_scaling.split(","))):
+        args = ["--workers", str(n), "--shards", "4", "--server-processes", str(n_processes),
+                "--rule", rule, "--model", model, "--dataset", n_dataset, "--rounds",
+                str(n_rounds), "--no-evaluator", "--start", start.split(",")[0]]
+        with tempfile.TemporaryDirectory() as tmp:
+            click.echo(f"running n={n} ...", err=True)
+            run = run_cluster(args, Path(tmp) / "run", f"n={n}", 4, n_processes)
+        n_rows.append(NScaling(n, 4, n_processes, n_rounds, run.rounds_per_s,
+                               run.cpu_s_per_round, run.peak_pss_mb, run.launch_to_round0_s))
+    if n_rows:
+        _print_n_table(n_rows, model, rule, n_dataset)
     scaling = []
+    d_insecure = modes == ["insecure"]
     for name in filter(None, d_models.split(",")):
         args = ["--workers", str(workers), "--rule", rule, "--dataset", dataset, "--rounds",
-                str(d_rounds), "--no-evaluator", *(["--insecure"] if insecure else [])]
+                str(d_rounds), "--no-evaluator", *(["--insecure"] if d_insecure else [])]
         with tempfile.TemporaryDirectory() as tmp:
             click.echo(f"running d: {name} ...", err=True)
-            cfg = RunConfig(dataset=dataset, model=name, num_workers=workers, num_shards=4,
-                            rule=rule).validate()
-            scaling.append(d_scaling(name, args, Path(tmp) / "run", cfg, insecure,
-                                     load_dataset(dataset, seed=0)))
+            d_cfg = RunConfig(dataset=dataset, model=name, num_workers=workers, num_shards=4,
+                              rule=rule).validate()
+            scaling.append(d_scaling(name, args, Path(tmp) / "run", d_cfg, d_processes,
+                                     d_insecure, load_dataset(dataset, seed=0)))
     if scaling:
         _print_d_table(scaling)
     if json_path:
-        json_path.write_text(json.dumps({"reference_rounds_per_s": reference,
-                                         "runs": [r.__dict__ for r in runs],
-                                         "floors": [f.__dict__ for f in floors.values()],
-                                         "d_scaling": [r.__dict__ for r in scaling]},
-                                        indent=2))
+        json_path.write_text(json.dumps({
+            "reference": asdict(reference),
+            "reference_rounds_per_s": reference.rounds_per_s,
+            "runs": [asdict(r) for r in runs],
+            "targets": targets,
+            "floors": [{"run": r.label, **asdict(f)} for r, f in floors],
+            "n_scaling": [{**asdict(r),
+                           "cpu_ms_per_round_per_worker": r.cpu_ms_per_round_per_worker}
+                          for r in n_rows],
+            "d_scaling": [asdict(r) for r in scaling]}, indent=2))
 
 
-def messaging_floors(runs: list[Measured], cfg: RunConfig, insecure: bool) -> dict[int, Floor]:
-    """The messaging floor for each S that ran, with this model's gradient and each
-    S's aggregation as measured alone."""
+def messaging_floors(runs: list[Measured], cfg: RunConfig,
+                     rounds: int) -> list[tuple[Measured, Floor]]:
+    """The messaging floor of each run's layout and security mode, with this model's
+    gradient and each S's aggregation as measured alone (each measured once)."""
     data = load_dataset(cfg.dataset, seed=cfg.seed)
     d = num_parameters(build_model(cfg.model, tuple(data.train_x.shape[1:]),
                                    data.num_classes, 0))
-    floors = {}
     compute_ms = isolated_costs(cfg, data, reps=50)[0]  # the same at every S
-    for shards in sorted({r.shards for r in runs}):
-        click.echo(f"measuring the messaging floor at S={shards} ...", err=True)
-        aggregation_ms = isolated_costs(replace(cfg, num_shards=shards), data, reps=50)[1]
-        floors[shards] = measure_floor(cfg.num_workers, shards, d, not insecure, compute_ms,
-                                       aggregation_ms)
-    return floors
-
-
-def _print_floor_table(runs: list[Measured], floors: dict[int, Floor],
-                       reference: float) -> None:
-    click.echo("\nthe messaging floor (scripts/bench_floor.py): the same n, d, CURVE and "
-               "message pattern, workers and servers only spinning for the gradient and "
-               "aggregation times measured alone")
-    click.echo("| run | rounds/s | floor rounds/s | / floor | floor CPU per round | "
-               "gradient / aggregation alone |")
-    click.echo("|---|---|---|---|---|---|")
+    aggregation: dict[int, float] = {}
+    floors: dict[tuple[int, int, bool], Floor] = {}
+    out = []
     for r in runs:
-        f = floors[r.shards]
+        curve = r.security == "keys"
+        key = (r.shards, r.processes, curve)
+        if key not in floors:
+            click.echo(f"measuring the messaging floor at S={r.shards} P={r.processes} "
+                       f"{r.security} ...", err=True)
+            if r.shards not in aggregation:
+                aggregation[r.shards] = isolated_costs(replace(cfg, num_shards=r.shards), data,
+                                                       reps=50)[1]
+            floors[key] = measure_floor(cfg.num_workers, r.shards, d, curve, compute_ms,
+                                        aggregation[r.shards], rounds,
+                                        processes=r.processes)
+        out.append((r, floors[key]))
+    return out
+
+
+def _print_floor_table(floors: list[tuple[Measured, Floor]], reference: Reference) -> None:
+    click.echo("\nthe messaging floor (scripts/bench_floor.py): the same n, d, S, P, CURVE "
+               "and message pattern (n*P round trips a round), workers and servers only "
+               "spinning for the gradient and each shard's aggregation measured alone")
+    click.echo("| run | rounds/s | floor rounds/s | / floor | floor / reference | CPU per "
+               "round: cluster / floor | gradient / aggregation alone |")
+    click.echo("|---|---|---|---|---|---|---|")
+    for r, f in floors:
+        cluster_cpu = "-" if r.cpu_s_per_round is None else f"{r.cpu_s_per_round * 1e3:.0f}"
         click.echo(f"| {r.label} | {r.rounds_per_s:.1f} | {f.rounds_per_s:.1f} | "
-                   f"{r.rounds_per_s / f.rounds_per_s:.2f} | {f.cpu_ms_per_round:.0f} ms | "
+                   f"{r.rounds_per_s / f.rounds_per_s:.2f} | "
+                   f"{f.rounds_per_s / reference.rounds_per_s:.2f} | "
+                   f"{cluster_cpu} / {f.cpu_ms_per_round:.0f} ms | "
                    f"{f.compute_ms:.2f} / {f.aggregate_ms:.2f} ms |")
-    if 4 in floors:
-        click.echo(f"floor at S=4 / reference engine = "
-                   f"{floors[4].rounds_per_s / reference:.2f}")
-    if 4 in floors and 20 in floors:
-        click.echo(f"floor at S=20 / floor at S=4 = "
-                   f"{floors[20].rounds_per_s / floors[4].rounds_per_s:.2f}")
+    seen = {(f.shards, f.processes, f.curve): f for _, f in floors}
+    for curve in (True, False):
+        base = seen.get((4, 4, curve))
+        if base is None:
+            continue
+        mode = "keys" if curve else "insecure"
+        for other in ((20, 4), (20, 20)):
+            if (*other, curve) in seen:
+                click.echo(f"floor {mode}: S={other[0]} on {other[1]} / S=4 on 4 = "
+                           f"{seen[(*other, curve)].rounds_per_s / base.rounds_per_s:.2f}")
 
 
-def _print_table(runs: list[Measured], reference: float, digest: str, base: Measured) -> None:
+def _pick(runs: list[Measured], mode: str, shards: int, processes: int) -> Measured | None:
+    """The run of this layout and security mode (the first start method's)."""
+    return next((r for r in runs if r.security == mode and r.shards == shards
+                 and r.processes == processes), None)
+
+
+def _print_targets(runs: list[Measured], reference: Reference) -> dict:
+    """The issue's targets, as ratios of this run's figures (returned for --json)."""
+    targets: dict[str, Any] = {}
+    lines = []
+    for mode in SECURITY_MODES:
+        mine = [r for r in runs if r.security == mode and r.start == runs[0].start]
+        if not mine:
+            continue
+        s4 = _pick(mine, mode, 4, 4)
+        for s, p, goal in ((20, 4, " (target >= 0.9)"), (20, 20, " (for comparison)")):
+            other = _pick(mine, mode, s, p)
+            if s4 and other:
+                ratio = other.rounds_per_s / s4.rounds_per_s
+                targets[f"{mode}: S={s} P={p} / S=4 P=4"] = ratio
+                lines.append(f"{mode}: rounds/s at S={s} on {p} processes / S=4 on 4 = "
+                             f"{ratio:.2f}{goal}")
+        at4 = [r for r in mine if r.shards == 4]
+        if at4 and reference.shards == 4:
+            best = max(at4, key=lambda r: r.rounds_per_s)
+            goal = 0.6 if mode == "keys" else 0.9
+            ratio = best.rounds_per_s / reference.rounds_per_s
+            targets[f"{mode}: S=4 best P / reference"] = ratio
+            targets[f"{mode}: S=4 best P"] = best.processes
+            lines.append(f"{mode}: rounds/s at S=4 (best P={best.processes}) / reference "
+                         f"engine = {ratio:.2f} (target >= {goal})")
+            if best.cpu_s_per_round is not None:
+                cpu = best.cpu_s_per_round / reference.cpu_s_per_round
+                targets[f"{mode}: S=4 best P CPU per round / reference"] = cpu
+                lines.append(f"{mode}: CPU per round at S=4 (P={best.processes}) / reference "
+                             f"engine = {best.cpu_s_per_round:.3f} / "
+                             f"{reference.cpu_s_per_round:.3f} s = {cpu:.2f}")
+    if lines:
+        click.echo("\nthe targets, as ratios of this run (" + runs[0].start + "):")
+        for line in lines:
+            click.echo(f"* {line}")
+    return targets
+
+
+def _print_table(runs: list[Measured], reference: Reference) -> None:
     click.echo("")
     click.echo("| run | launch to end of round 0 | imports / kernels / dataset in the "
                "launcher | servers ready / all started | steady rounds/s | / reference "
-               "| peak PSS, all processes | MB/s in per server |")
-    click.echo("|---|---|---|---|---|---|---|---|")
+               "| CPU-s per round, all processes | / reference | peak PSS, all processes | "
+               "MB/s in per server process |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         prep = r.startup.get("prepare", {})
         prepared = (f"{prep.get('imports_s', 0):.2f} / {prep.get('kernels_s', 0):.2f} / "
@@ -332,17 +615,27 @@ def _print_table(runs: list[Measured], reference: float, digest: str, base: Meas
         click.echo(f"| {r.label} | {r.launch_to_round0_s:.2f} s | {prepared} | "
                    f"{r.startup.get('servers_ready_s', 0):.2f} / "
                    f"{r.startup.get('all_started_s', 0):.2f} s | {r.rounds_per_s:.1f} | "
-                   f"{r.rounds_per_s / reference:.2f} | {r.peak_pss_mb / 1024:.2f} GB | "
+                   f"{r.rounds_per_s / reference.rounds_per_s:.2f} | "
+                   f"{_cpu(r.cpu_s_per_round)} | "
+                   f"{_ratio(r.cpu_s_per_round, reference.cpu_s_per_round)} | "
+                   f"{r.peak_pss_mb / 1024:.2f} GB | "
                    f"{r.bytes_in_per_s_per_server / 1e6:.0f} |")
-    click.echo(f"| reference engine (1 process, 1 thread, S={base.shards}) | - | - | - | "
-               f"{reference:.1f} | 1.00 | - | - |")
-    by_s = {r.shards: r for r in runs if r.label.endswith("fork")} or {r.shards: r
-                                                                          for r in runs}
-    if 4 in by_s and 20 in by_s:
-        click.echo(f"\nscaling in S: rounds/s at S=20 / S=4 = "
-                   f"{by_s[20].rounds_per_s / by_s[4].rounds_per_s:.2f}")
-    click.echo(f"final parameters of {base.label} bit-identical to the reference engine: "
-               f"{base.digest == digest}")
+    click.echo(f"| reference engine (1 process, 1 thread, S={reference.shards}) | - | - | - | "
+               f"{reference.rounds_per_s:.1f} | 1.00 | {reference.cpu_s_per_round:.3f} | "
+               f"1.00 | - | - |")
+    if any(r.cpu_s_per_round is None for r in runs):
+        click.echo(f"(CPU -: fewer than two samples, every {SAMPLE_S:g} s, fell between round "
+                   f"{STEADY_FROM} and the last: run more rounds)")
+
+
+def _print_identity(runs: list[Measured], reference: Reference) -> None:
+    same = [r for r in runs if r.shards == reference.shards]
+    if not same:
+        return
+    differing = [r.label for r in same if r.digest != reference.digest]
+    click.echo(f"final parameters of the {len(same)} S={reference.shards} run(s) "
+               f"bit-identical to the reference engine: {not differing}"
+               + (f" (not: {', '.join(differing)})" if differing else ""))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,31 @@
-"""The messaging floor: what one-process-per-shard ZeroMQ can do on this machine at all.
+"""The messaging floor: what ZeroMQ can do on this machine at all with the cluster's
+message pattern (S shards spread over P server processes).
 
 A synthetic cluster with exactly the real cluster's message pattern and (almost) no
-Python work: n worker processes, each with one DEALER per server, and S server
-processes, each one ROUTER; every round each worker spins ``compute_ms`` (standing in
-for its gradient), pushes its d/S float32 slice to every server with the protocol's
-framing (``[b"", msgpack header, values]``) and waits for the S replies; each server
-copies the n pushes into its (n, d/S) matrix, spins ``aggregate_ms`` (standing in for
-the rule) and answers each worker with its parameters. CURVE encrypts every message as
-a cluster with keys does (without a ZAP handler: the real one runs once per connection,
+Python work: n worker processes, each with one DEALER per server process, and P server
+processes, each one ROUTER hosting a contiguous block of the S shards
+(``common.sharding.server_blocks``, as ``ps-cluster --server-processes P`` spreads
+them). Every round each worker spins ``compute_ms`` (standing in for its gradient),
+pushes to every server process one message carrying its float32 slices of all the
+shards the process hosts (one contiguous frame: a block's ranges are adjacent), with
+the protocol's framing (``[b"", msgpack header, values]``), and waits for the P
+replies; each server process copies the n pushes into one (n, d/S) matrix per hosted
+shard, spins ``aggregate_ms`` once per hosted shard (each shard is aggregated on its
+own, standing in for the rule) and answers each worker with its shards' parameters
+(one frame per shard, as PARAMS carries them). CURVE encrypts every message as a
+cluster with keys does (without a ZAP handler: the real one runs once per connection,
 not per message, so it does not change the per-round figure).
 
-Each round costs n*S round trips, and each message crosses three threads (the sender's
+Each round costs n*P round trips, and each message crosses three threads (the sender's
 ZeroMQ I/O thread, the receiver's, and the receiving process): on a machine with few
-cores that per-message cost, not Python, bounds any design that gives each shard its own
-process and socket.
+cores that per-message cost, not Python, bounds the cluster; hosting several shards in
+one process cuts the messages, not the aggregations. With P = S (the default) it is one
+process and socket per shard.
 ``scripts/bench_cluster.py`` runs this beside the real cluster and prints both:
 
-    python3 scripts/bench_floor.py --shards 4,20 --compute-ms 0.5
+    python3 scripts/bench_floor.py --shards 4,20 --compute-ms 0.5               # P = S
+    python3 scripts/bench_floor.py --shards 4,20,20 --processes 4,4,20          # S:P
+    python3 scripts/bench_floor.py --shards 4,20 --processes 4                  # P=4 for all
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import numpy as np
 import zmq
 
 from common.protocol import PROTOCOL_VERSION, Op
+from common.sharding import server_blocks, shard_ranges
 
 DEADLINE_S = 300.0
 
@@ -52,6 +62,7 @@ class Floor:
     aggregate_ms: float
     rounds_per_s: float
     cpu_ms_per_round: float
+    processes: int = 0  # server processes (0 in records from before P existed: P = S)
 
 
 def _spin(ms: float) -> None:
@@ -61,9 +72,10 @@ def _spin(ms: float) -> None:
         pass
 
 
-def _server(pipe: Connection, workers: int, length: int, rounds: int, aggregate_ms: float,
-            keys: tuple[bytes, bytes] | None) -> None:
-    """Serve ``rounds`` rounds of one shard of ``length`` values."""
+def _server(pipe: Connection, workers: int, shards: list[int], lengths: list[int],
+            rounds: int, aggregate_ms: float, keys: tuple[bytes, bytes] | None) -> None:
+    """Serve ``rounds`` rounds of the hosted ``shards`` (``lengths`` values each, adjacent
+    in the model vector): one PUSH in and one PARAMS out per worker and round."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     if keys is not None:
@@ -71,58 +83,65 @@ def _server(pipe: Connection, workers: int, length: int, rounds: int, aggregate_
         sock.curve_server = True
     sock.bind("tcp://127.0.0.1:*")
     pipe.send(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-    rows = np.empty((workers, length), dtype=np.float32)
-    params = np.zeros(length, dtype=np.float32)
+    offsets = np.cumsum([0, *lengths]).tolist()
+    rows = [np.empty((workers, n), dtype=np.float32) for n in lengths]  # one per shard
+    params = [np.zeros(n, dtype=np.float32) for n in lengths]
     header = msgpack.packb({"v": PROTOCOL_VERSION, "op": int(Op.PARAMS), "round": 0,
-                            "shard": 0, "length": length})
+                            "shards": shards, "length": offsets[-1]})
     for _ in range(rounds):
         envelopes = []
         while len(envelopes) < workers:
             frames = sock.recv_multipart(copy=False)
             worker = msgpack.unpackb(frames[2].buffer)["worker"]
-            rows[worker] = np.frombuffer(frames[3].buffer, dtype=np.float32)
+            values = np.frombuffer(frames[3].buffer, dtype=np.float32)
+            for k, matrix in enumerate(rows):  # each shard's slice into its own matrix
+                matrix[worker] = values[offsets[k]:offsets[k + 1]]
             envelopes.append(frames[0])
-        _spin(aggregate_ms)
+        for _ in shards:  # each shard is aggregated on its own
+            _spin(aggregate_ms)
         for envelope in envelopes:
-            sock.send_multipart([envelope, b"", header, params], copy=False)
+            sock.send_multipart([envelope, b"", header, *params], copy=False)
     pipe.recv()  # the parent says when every worker has its last reply
     sock.close(linger=0)
     ctx.term()
 
 
-def _worker(pipe: Connection, index: int, endpoints: list[str], d: int, rounds: int,
-            compute_ms: float, server_keys: list[bytes] | None) -> None:
-    """Run ``rounds`` rounds as worker ``index``; report the time after each round."""
+def _worker(pipe: Connection, index: int, endpoints: list[str],
+            spans: list[tuple[int, int]], d: int, rounds: int, compute_ms: float,
+            server_keys: list[bytes] | None) -> None:
+    """Run ``rounds`` rounds as worker ``index`` (``spans[p]``: the contiguous part of
+    the model server process ``p`` hosts); report the time after each round."""
     ctx = zmq.Context()
     socks = []
-    for s, endpoint in enumerate(endpoints):
+    for p, endpoint in enumerate(endpoints):
         sock = ctx.socket(zmq.DEALER)
         if server_keys is not None:
             sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
-            sock.curve_serverkey = server_keys[s]
+            sock.curve_serverkey = server_keys[p]
         sock.connect(endpoint)
         socks.append(sock)
-    bounds = np.cumsum([0, *(len(p) for p in np.array_split(np.arange(d), len(endpoints)))])
     gradient = np.ones(d, dtype=np.float32)
     x = np.empty(d, dtype=np.float32)
     poller = zmq.Poller()
     for sock in socks:
         poller.register(sock, zmq.POLLIN)
-    which = {sock: s for s, sock in enumerate(socks)}
+    which = {sock: p for p, sock in enumerate(socks)}
     for t in range(rounds):
         _spin(compute_ms)
-        for s, sock in enumerate(socks):
+        for p, sock in enumerate(socks):
+            start, stop = spans[p]
             header = msgpack.packb({"v": PROTOCOL_VERSION, "op": int(Op.PUSH), "round": t,
-                                    "worker": index,
-                                    "length": int(bounds[s + 1] - bounds[s]),
+                                    "worker": index, "length": stop - start,
                                     "pull_next": True})
-            sock.send_multipart([b"", header, gradient[bounds[s]:bounds[s + 1]]], copy=False)
+            sock.send_multipart([b"", header, gradient[start:stop]], copy=False)
         pending = len(socks)
         while pending:
             for sock, _ in poller.poll():
-                s = which[sock]
-                frames = sock.recv_multipart(copy=False)
-                x[bounds[s]:bounds[s + 1]] = np.frombuffer(frames[2].buffer, dtype=np.float32)
+                at = spans[which[sock]][0]
+                for frame in sock.recv_multipart(copy=False)[2:]:  # one per shard
+                    values = np.frombuffer(frame.buffer, dtype=np.float32)
+                    x[at:at + values.size] = values
+                    at += values.size
                 pending -= 1
         pipe.send(time.perf_counter())
     for sock in socks:
@@ -142,21 +161,28 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 
 def measure_floor(workers: int, shards: int, d: int, curve: bool, compute_ms: float,
-                  aggregate_ms: float = 0.0, rounds: int = 200, warmup: int = 20) -> Floor:
-    """Rounds/s and CPU per round of the synthetic cluster, timed after ``warmup`` rounds
-    (from the round every worker has finished to the last)."""
+                  aggregate_ms: float = 0.0, rounds: int = 200, warmup: int = 20,
+                  processes: int | None = None) -> Floor:
+    """Rounds/s and CPU per round of the synthetic cluster with ``shards`` shards on
+    ``processes`` server processes (default: one per shard), timed after ``warmup``
+    rounds (from the round every worker has finished to the last)."""
     ctx = mp.get_context("fork")
     total = warmup + rounds
-    length = [len(p) for p in np.array_split(np.arange(d), shards)]
-    server_keys = [zmq.curve_keypair() for _ in range(shards)] if curve else None
+    processes = processes or shards
+    ranges = shard_ranges(d, shards)
+    blocks = server_blocks(shards, processes)
+    spans = [(ranges[b[0]][0], ranges[b[-1]][1]) for b in blocks]
+    server_keys = [zmq.curve_keypair() for _ in blocks] if curve else None
     children: list[mp.process.BaseProcess] = []
     try:
         server_pipes = []
-        for s in range(shards):
+        for p, block in enumerate(blocks):
             here, there = ctx.Pipe()
-            keys = server_keys[s] if server_keys else None
+            keys = server_keys[p] if server_keys else None
+            lengths = [ranges[s][1] - ranges[s][0] for s in block]
             children.append(ctx.Process(target=_server, args=(
-                there, workers, length[s], total, aggregate_ms, keys), daemon=True))
+                there, workers, list(block), lengths, total, aggregate_ms, keys),
+                daemon=True))
             children[-1].start()
             server_pipes.append(here)
         endpoints = [_receive(p, children) for p in server_pipes]
@@ -165,7 +191,7 @@ def measure_floor(workers: int, shards: int, d: int, curve: bool, compute_ms: fl
         for i in range(workers):
             here, there = ctx.Pipe()
             children.append(ctx.Process(target=_worker, args=(
-                there, i, endpoints, d, total, compute_ms, publics), daemon=True))
+                there, i, endpoints, spans, d, total, compute_ms, publics), daemon=True))
             children[-1].start()
             worker_pipes.append(here)
         pids = [c.pid for c in children if c.pid is not None]
@@ -185,7 +211,7 @@ def measure_floor(workers: int, shards: int, d: int, curve: bool, compute_ms: fl
                 child.terminate()
                 child.join(timeout=5)
     return Floor(workers, shards, d, curve, compute_ms, aggregate_ms,
-                 rounds / (finished - started), cpu / rounds * 1e3)
+                 rounds / (finished - started), cpu / rounds * 1e3, processes)
 
 
 def _receive(pipe: Connection, children: list[mp.process.BaseProcess]) -> Any:
@@ -201,25 +227,48 @@ def _receive(pipe: Connection, children: list[mp.process.BaseProcess]) -> Any:
     return pipe.recv()
 
 
+def _layouts(shards: str, processes: str | None) -> list[tuple[int, int]]:
+    """(S, P) pairs from ``--shards`` and ``--processes`` (aligned, one P for all, or
+    none: P = S)."""
+    counts = [int(s) for s in shards.split(",")]
+    if processes is None:
+        return [(s, s) for s in counts]
+    per = [int(p) for p in processes.split(",")]
+    if len(per) == 1:
+        per *= len(counts)
+    if len(per) != len(counts):
+        raise click.BadParameter(f"{len(per)} values for {len(counts)} --shards: give one "
+                                 f"P per S, or a single P for all", param_hint="--processes")
+    for s, p in zip(counts, per, strict=True):
+        if not 1 <= p <= s:
+            raise click.BadParameter(f"P={p} for S={s}: must be in 1..S",
+                                     param_hint="--processes")
+    return list(zip(counts, per, strict=True))
+
+
 @click.command(context_settings={"show_default": True})
 @click.option("--workers", default=20, type=int)
-@click.option("--shards", default="4,20", help="Numbers of servers, comma-separated.")
+@click.option("--shards", default="4,20", help="Numbers of shards S, comma-separated.")
+@click.option("--processes", default=None, help="Server processes P for each S: a comma "
+              "list aligned with --shards, or one value for all. Default: P = S (one "
+              "process per shard).")
 @click.option("--d", "d", default=118_282, type=int, help="Parameters (the paper's MLP).")
 @click.option("--compute-ms", default=0.5, type=float, help="CPU per gradient.")
-@click.option("--aggregate-ms", default=0.3, type=float, help="CPU per aggregation.")
+@click.option("--aggregate-ms", default=0.3, type=float, help="CPU per shard's aggregation.")
 @click.option("--rounds", default=200, type=int)
 @click.option("--insecure", is_flag=True, help="Without CURVE.")
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
-def main(workers: int, shards: str, d: int, compute_ms: float, aggregate_ms: float,
-         rounds: int, insecure: bool, json_path: Path | None) -> None:
-    """Print the floor's rounds/s and CPU per round for each S."""
-    floors = [measure_floor(workers, int(s), d, not insecure, compute_ms, aggregate_ms, rounds)
-              for s in shards.split(",")]
-    click.echo("| S | CURVE | rounds/s | CPU per round |")
-    click.echo("|---|---|---|---|")
+def main(workers: int, shards: str, processes: str | None, d: int, compute_ms: float,
+         aggregate_ms: float, rounds: int, insecure: bool, json_path: Path | None) -> None:
+    """Print the floor's rounds/s and CPU per round for each S and P."""
+    floors = [measure_floor(workers, s, d, not insecure, compute_ms, aggregate_ms, rounds,
+                            processes=p)
+              for s, p in _layouts(shards, processes)]
+    click.echo("| S | P | CURVE | rounds/s | CPU per round |")
+    click.echo("|---|---|---|---|---|")
     for f in floors:
-        click.echo(f"| {f.shards} | {'yes' if f.curve else 'no'} | {f.rounds_per_s:.1f} | "
-                   f"{f.cpu_ms_per_round:.0f} ms |")
+        click.echo(f"| {f.shards} | {f.processes} | {'yes' if f.curve else 'no'} | "
+                   f"{f.rounds_per_s:.1f} | {f.cpu_ms_per_round:.0f} ms |")
     if json_path:
         json_path.write_text(json.dumps([asdict(f) for f in floors], indent=2))
 

@@ -829,7 +829,8 @@ def main(quota: int, workers: int, honest: int, shards: int, rounds: int | None,
         create_keys(keys, shards, workers, proxies=(0,))
         spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=out / "run",
                            cluster=ClusterOptions(no_evaluator=False, max_restarts=0,
-                                                  run_timeout_s=run_timeout),
+                                                  run_timeout_s=run_timeout,
+                                                  server_processes=shards),  # server-1
                            server=ServerOptions(round_timeout_s=round_timeout, quorum=honest),
                            security=SecurityOptions(keys=keys))
         options = {"idle": idle_connections, "strangers": strangers,

@@ -4,8 +4,10 @@ Usage: ``python3 scripts/check_smoke_metrics.py RUNS ENV_FILE MIN_TOP1 [--worker
 ``RUNS`` holds one directory per service (``<runs>/<service>/<service>.jsonl``: a bind
 mount's directories, or links to the stack's volumes); ``ENV_FILE`` is the run's
 ``docker/cluster.env``. It checks that the evaluator reached the last round with a
-top-1 of at least ``MIN_TOP1``, that every server wrote every round with finite
-parameters and its final checkpoint, that a proxy attack corrupted values, and (with
+top-1 of at least ``MIN_TOP1``, that every shard's server wrote every round with finite
+parameters and the shard's final checkpoint (``server-<s>.jsonl`` and ``shard-<s>.npz``
+in the directory of the server process hosting shard s: ``server-<first>/``, found
+wherever it is, so any ``PS_SERVER_PROCESSES``), that a proxy attack corrupted values, and (with
 ``--workers N``: one service per worker) that workers 0..N-1 each wrote their metrics.
 Prints the top-1 curve and a summary line; exits 1 naming every problem. Standard
 library only: it runs on the host, outside the image.
@@ -42,6 +44,13 @@ def records(runs: str, name: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in lines if line.strip()]
 
 
+def shard_directory(runs: str, shard: int) -> str | None:
+    """The directory of the server process that hosts ``shard`` (``server-<first>/``,
+    the one holding ``server-<shard>.jsonl``); None if none, or more than one, does."""
+    found = glob.glob(os.path.join(runs, "server-*", f"server-{shard}.jsonl"))
+    return os.path.dirname(found[0]) if len(found) == 1 else None
+
+
 def worker_ids(runs: str) -> list[int]:
     """The workers whose metrics are in their own service's directory."""
     paths = glob.glob(os.path.join(runs, "worker-*", "worker-*.jsonl"))
@@ -72,13 +81,19 @@ def check(runs: str, env: dict[str, str], min_top1: float,
         problems += [f"{name}: no value corrupted ({attack})"
                      for name, count in corrupted.items() if count <= 0]
     for s in range(shards):
-        server = records(runs, f"server-{s}.jsonl")
+        directory = shard_directory(runs, s)
+        if directory is None:
+            problems.append(f"server-{s}.jsonl is missing, or in more than one server-*/")
+            continue
+        home = os.path.basename(directory)
+        with open(os.path.join(directory, f"server-{s}.jsonl"), encoding="utf-8") as lines:
+            server = [json.loads(line) for line in lines if line.strip()]
         if len(server) != rounds:
-            problems.append(f"server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
+            problems.append(f"{home}/server-{s}.jsonl has {len(server)} rounds, expected {rounds}")
         elif not server[-1].get("params_finite", False):
             problems.append(f"server {s}: parameters not finite after the last round")
-        if not os.path.exists(os.path.join(runs, f"server-{s}", f"shard-{s}.npz")):
-            problems.append(f"the final checkpoint server-{s}/shard-{s}.npz is missing")
+        if not os.path.exists(os.path.join(directory, f"shard-{s}.npz")):
+            problems.append(f"the final checkpoint {home}/shard-{s}.npz is missing")
     tail = ""
     if workers is not None:
         ids = worker_ids(runs)

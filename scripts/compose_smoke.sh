@@ -114,7 +114,7 @@ from ps.deploy.compose import service_environments
 options = recorded_options(ROOT / "docker-compose.yml", ARGS_MARK)
 dep = deployment(read_env(ROOT / options["env_file"]), options)
 for name in service_environments(dep):
-    files = needed_keys(name, dep.cfg.num_shards, dep.cfg.num_workers, dep.attack.proxy_shards)
+    files = needed_keys(name, dep.cfg.num_shards, dep.cfg.num_workers, dep.proxied)
     print(name, *sorted(files))
 PY
 )

@@ -1,4 +1,4 @@
-"""``ps-server``: one server node holding shard s of S."""
+"""``ps-server``: one server process hosting a set of the S shards."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import click
 
 from common.cli import settings_command
 from common.config import RunConfig
-from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import take
@@ -23,9 +22,9 @@ def build_command() -> click.Command:
 
     @settings_command(COMMAND)
     def main(**values: Any) -> None:
-        """Run one server node: aggregate shard SHARD of the model with the robust rule.
+        """Run one server process: aggregate its --shard(s) of the model with the rule.
 
-        The node waits for the n workers' gradient shards of each round (or, with
+        The process waits for the n workers' gradients of each round (or, with
         --round-timeout, for the --quorum that is in at the round's deadline),
         aggregates them coordinate-wise with --rule, updates its parameters and serves
         the next round, for --rounds rounds.
@@ -38,9 +37,6 @@ def build_command() -> click.Command:
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
             keys = security.ring(COMMAND.name)
-            if not options.shard < cfg.num_shards:
-                raise ConfigError(
-                    f"--shard must be in 0..{cfg.num_shards - 1}, got {options.shard}")
             options.check(cfg)
             from common.model_init import initial_parameters
             from server.node import serve

@@ -1,11 +1,12 @@
-"""The behaviour of one server node, without sockets: what each message gets back.
+"""The behaviour of one server process, without sockets: what each message gets back.
 
 ``ServerCore.handle(incoming, now)`` takes one received message (decoded, or the
 reason it could not be) and returns the replies to send, each to the envelope it
 names; ``done(now)`` says when the node may exit. The core owns everything a node
 decides:
 
-* the shard's state and round step (``ShardState``), and the round deadline: with
+* the hosted shards' states and their round step together (``ShardGroup``: one PUSH
+  carries a worker's slices of every hosted shard), and the round deadline: with
   ``--round-timeout`` a round closes that long after its first push with the pushes
   that are in, if at least the quorum K (else it waits for the K-th and logs why once);
   a push that comes after its round closed is answered ``stale-round``;
@@ -65,11 +66,12 @@ from common.protocol import (
     StatusReply,
     Welcome,
 )
-from common.sharding import shard_ranges
+from common.sharding import format_shard_set
 from server.checkpoint import Checkpoint
+from server.group import ShardGroup
 from server.options import ServerOptions
 from server.sessions import Session, Sessions, check_claim
-from server.shard import RoundMetrics, ShardState
+from server.shard import RoundMetrics
 
 if TYPE_CHECKING:
     from common.transport import Incoming, Peer
@@ -87,13 +89,21 @@ REPEATED_PULL = "repeated-pull"  # a PULL of a (peer, round) already parked
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 
 
+class RestoreError(ConfigError):
+    """A checkpoint the core cannot continue from; ``shard``: whose."""
+
+    def __init__(self, shard: int, message: str) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
 @dataclass(frozen=True)
 class Reply:
     """A message to send behind ``envelope``."""
 
     envelope: list[Any]
     header: Header
-    tensor: np.ndarray | None = None
+    tensor: np.ndarray | list[np.ndarray] | None = None
 
 
 # answers one message of a type (the message, its sender's principal, now)
@@ -101,23 +111,25 @@ Handler = Callable[["Incoming", Hashable, float], "list[Reply]"]
 
 
 class ServerCore:
-    """One shard's server: handles messages, steps rounds, decides when to exit."""
+    """One server process (its shards, ``options.shards``): handles messages, steps
+    rounds, decides when to exit."""
 
     def __init__(
         self,
         cfg: RunConfig,
         options: ServerOptions,
         initial: np.ndarray,
-        metrics: JsonlWriter | None = None,
-        save: Callable[[Checkpoint], None] | None = None,
+        metrics: dict[int, JsonlWriter] | None = None,
+        save: Callable[[list[Checkpoint]], None] | None = None,
         on_bar: Callable[[Identity, str], object] | None = None,
     ) -> None:
-        start, stop = shard_ranges(initial.size, cfg.num_shards)[options.shard]
         self.cfg = cfg
         self.options = options
-        self.start, self.stop, self.d = start, stop, initial.size
-        self.state = ShardState(cfg, options.shard, initial[start:stop])
-        self.metrics = metrics or JsonlWriter(None)
+        self.state = ShardGroup(cfg, options.shards(cfg), initial)
+        self.d = initial.size
+        self.name = format_shard_set(self.state.shards)  # for log lines
+        # one metrics file per hosted shard (server-<s>.jsonl)
+        self.metrics = metrics or {s: JsonlWriter(None) for s in self.state.shards}
         self.save = save
         self.counters: Counter[str] = Counter()
         self.sessions = Sessions()
@@ -140,14 +152,23 @@ class ServerCore:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def restore(self, ckpt: Checkpoint) -> None:
-        """Continue from ``ckpt``; ``ConfigError`` if it belongs to another run or shard."""
-        if ckpt.config_hash != self.cfg.config_hash or ckpt.shard != self.state.shard:
-            raise ConfigError(
-                f"checkpoint of shard {ckpt.shard} with configuration {ckpt.config_hash}, "
-                f"not shard {self.state.shard} with {self.cfg.config_hash}"
-            )
-        self.state.restore(ckpt.round, ckpt.params, ckpt.previous, ckpt.rule_state)
+    def restore(self, ckpts: list[Checkpoint]) -> None:
+        """Continue from ``ckpts``, one per hosted shard in order, all of one round;
+        ``RestoreError`` (naming the shard) if one belongs to another run or shard, or
+        the rounds differ (the node then exits: configuration error)."""
+        if len(ckpts) != len(self.state.states) or len({c.round for c in ckpts}) > 1:
+            raise RestoreError(self.state.first, f"the checkpoints of shards {self.name} "
+                               f"are at rounds {[c.round for c in ckpts]}, not one round")
+        for state, ckpt in zip(self.state.states, ckpts, strict=True):
+            if ckpt.config_hash != self.cfg.config_hash or ckpt.shard != state.shard:
+                raise RestoreError(state.shard, f"checkpoint of shard {ckpt.shard} with "
+                                   f"configuration {ckpt.config_hash}, not shard "
+                                   f"{state.shard} with {self.cfg.config_hash}")
+        for state, ckpt in zip(self.state.states, ckpts, strict=True):
+            try:
+                state.restore(ckpt.round, ckpt.params, ckpt.previous, ckpt.rule_state)
+            except ConfigError as exc:
+                raise RestoreError(state.shard, str(exc)) from exc
 
     def done(self, now: float) -> bool:
         """The run is over and no reader still waits for the final round (or the linger
@@ -158,7 +179,7 @@ class ServerCore:
         return not (lingering and self.readers_waiting)
 
     def checkpoint(self) -> None:
-        """Save the shard now (if a store was given); a failure is logged and counted."""
+        """Save the shards now (if a store was given); a failure is logged and counted."""
         if self.save is None:
             return
         try:
@@ -168,11 +189,11 @@ class ServerCore:
             log.error("checkpoint of round %d failed (%s); retrying at the next one",
                       self.state.round, exc)
 
-    def snapshot(self) -> Checkpoint:
-        """The shard's state now, as a checkpoint."""
-        state = self.state
-        return Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params,
-                          state.history.get(state.round - 1), dict(state.rule_state))
+    def snapshot(self) -> list[Checkpoint]:
+        """Each hosted shard's state now, as checkpoints (in shard order)."""
+        return [Checkpoint(state.shard, state.round, self.cfg.config_hash, state.params,
+                           state.history.get(state.round - 1), dict(state.rule_state))
+                for state in self.state.states]
 
     def tick(self, now: float) -> list[Reply]:
         """Time-driven work: closes a round at its deadline; marks the run finished once
@@ -236,7 +257,7 @@ class ServerCore:
             return self._refuse(principal, envelope, code, str(incoming.error), now)
         header = incoming.message.header
         try:
-            check_claim(identity, header, len(envelope), self.state.shard)
+            check_claim(identity, header, len(envelope), self.state.first)
             handler = self._handlers.get(type(header))
             if handler is None:
                 raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
@@ -310,8 +331,8 @@ class ServerCore:
         if held is not None:
             log.info("hello from %s %d%s", hello.role, hello.worker,
                      f" ({held} more since the last line)" if held else "")
-        welcome = Welcome(shard=self.state.shard, num_shards=self.cfg.num_shards,
-                          start=self.start, stop=self.stop, d=self.d, round=self.state.round,
+        welcome = Welcome(shards=list(self.state.shards), num_shards=self.cfg.num_shards,
+                          d=self.d, length=self.state.size, round=self.state.round,
                           rounds=self.cfg.rounds)
         return [Reply(envelope, welcome)]
 
@@ -399,7 +420,8 @@ class ServerCore:
         message or tick; what follows a successful step (metrics, checkpoint) cannot
         strand the parked PULLs: it is logged and counted if it fails.
         """
-        m = self.state.step()
+        stepped = self.state.step()
+        m = stepped[-1][1]  # the participation is every hosted shard's
         self.round_opened = None
         if m.missing:
             newly = [w for w in m.missing if not self.absent[w]]
@@ -417,20 +439,33 @@ class ServerCore:
             self.parked_per_peer[key[0]] -= 1
             if not self.parked_per_peer[key[0]]:
                 del self.parked_per_peer[key[0]]
-            replies.append(self._params(envelope, self.state.round, self.state.params))
+            replies.append(self._params(envelope, self.state.round,
+                                        [st.params for st in self.state.states]))
         try:
-            self._record(m, closing)
+            self._record(stepped, closing)
         except Exception:
             self.counters[ErrorCode.INTERNAL.value] += 1
-            log.exception("recording round %d failed", m.round)
+            log.exception("recording round %d failed", self.state.round - 1)
         return replies
 
-    def _record(self, m: RoundMetrics, closing: str) -> None:
-        """The round's metrics line (``closed``: why it closed, see :meth:`_closing`;
-        ``barred``: the keys barred so far), checkpoint and log line."""
-        self.metrics.write({
+    def _record(self, stepped: list[tuple[int, RoundMetrics]], closing: str) -> None:
+        """Each shard's metrics line of the round (``closed``: why it closed, see
+        :meth:`_closing`; ``barred``: the keys barred so far), the checkpoint and the log
+        line."""
+        for shard, m in stepped:
+            self._write_metrics(shard, m, closing)
+        every = self.options.checkpoint_every
+        if every and self.state.round % every == 0:
+            self.checkpoint()
+        m = stepped[-1][1]
+        if m.round % LOG_EVERY_ROUNDS == 0 or self.state.finished:
+            log.info("round %d aggregated in %.2f ms", m.round,
+                     sum(x.aggregation_ms for _, x in stepped))
+
+    def _write_metrics(self, shard: int, m: RoundMetrics, closing: str) -> None:
+        self.metrics[shard].write({
             "time": time.time(),
-            "shard": self.state.shard,
+            "shard": shard,
             "round": m.round,
             "aggregation_ms": round(m.aggregation_ms, 3),
             "nonfinite_values": m.nonfinite_values,
@@ -443,23 +478,19 @@ class ServerCore:
             "closed": closing,
             "barred": sorted(self.peers.barred),
         })
-        every = self.options.checkpoint_every
-        if every and self.state.round % every == 0:
-            self.checkpoint()
-        if m.round % LOG_EVERY_ROUNDS == 0 or self.state.finished:
-            log.info("round %d aggregated in %.2f ms", m.round, m.aggregation_ms)
 
     # -- replies -----------------------------------------------------------------
 
-    def _params(self, envelope: list[Any], round_: int, params: np.ndarray) -> Reply:
+    def _params(self, envelope: list[Any], round_: int, params: list[np.ndarray]) -> Reply:
+        """PARAMS(round_): the hosted shards' parameters, sent one after the other."""
         if round_ >= self.cfg.rounds:
             self.readers_waiting.discard(tuple(bytes(f) for f in envelope))
-        header = Params(round=round_, shard=self.state.shard, length=params.size)
+        header = Params(round=round_, shards=list(self.state.shards), length=self.state.size)
         return Reply(envelope, header, params)
 
     def status(self) -> StatusReply:
         return StatusReply(
-            shard=self.state.shard,
+            shards=list(self.state.shards),
             round=self.state.round,
             rounds=self.cfg.rounds,
             finished=self.state.finished,

@@ -2,14 +2,14 @@
 
 Everything a node decides lives in ``server/core.py``; this loop only moves messages
 between the ROUTER socket (``common/transport.py``) and the core, and stops when the
-core is done or a stop was requested (then the shard is checkpointed on the way out).
+core is done or a stop was requested (then the shards are checkpointed on the way out).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +24,12 @@ from common.transport import Listener, largest_message, shut_down, write_ready_f
 from server.checkpoint import (
     CheckpointError,
     CheckpointWriter,
-    Expected,
+    GroupFiles,
     checkpoint_path,
-    load_checkpoint,
+    expected_checkpoint,
     server_mac_key,
 )
-from server.core import CHECKPOINT_FAILED, ServerCore
+from server.core import CHECKPOINT_FAILED, RestoreError, ServerCore
 from server.options import ServerOptions
 
 log = logging.getLogger("ps.server")
@@ -39,37 +39,43 @@ MAX_BATCH = 1000  # messages handled between two looks at the clock
 
 
 def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
-               initial: np.ndarray, mac_key: bytes | None = None,
+               initial: np.ndarray, mac_keys: Mapping[int, bytes | None] | None = None,
                ) -> tuple[ServerCore, CheckpointWriter | None]:
-    """The core with its metrics file and checkpoint writer in ``out_dir``, resumed from
-    the checkpoint there if ``options.resume`` and one exists.
+    """The core with its shards' metrics files and checkpoint writer in ``out_dir``,
+    resumed from the checkpoints there if ``options.resume`` and there are some.
 
-    ``mac_key`` (``server.checkpoint.server_mac_key(keys, shard)``; None with
-    ``--insecure``: unkeyed digests) tags every checkpoint written, and the one resumed
-    must carry it; a checkpoint refused for any reason is a ``CheckpointError`` (exit 2)
-    naming the file, and the file is left as it was."""
-    shard = options.shard
-    metrics = JsonlWriter(out_dir / f"server-{shard}.jsonl" if out_dir else None)
-    path = checkpoint_path(out_dir, shard) if out_dir else None
-    writer = (CheckpointWriter(path, on_failure=lambda: core.counters.update([CHECKPOINT_FAILED]),
-                               key=mac_key)
-              if path else None)
+    ``mac_keys`` (each hosted shard's ``server.checkpoint.server_mac_key``; None with
+    ``--insecure``: unkeyed digests) tag every checkpoint written, and the ones resumed
+    must carry them; a checkpoint refused for any reason is a ``CheckpointError`` (exit
+    2) naming the file, and the file is left as it was. A process of several shards
+    resumes at the newest round all of them have (``server.checkpoint.GroupFiles``)."""
+    shards = options.shards(cfg)
+    keys = {s: (mac_keys or {}).get(s) for s in shards}
+    metrics = {s: JsonlWriter(out_dir / f"server-{s}.jsonl" if out_dir else None)
+               for s in shards}
+    files = GroupFiles(out_dir, shards, keys) if out_dir else None
+    writer = (CheckpointWriter(files, lambda: core.counters.update([CHECKPOINT_FAILED]))
+              if files else None)
     core = ServerCore(cfg, options, initial, metrics, save=writer.submit if writer else None)
+    if files is not None and not options.resume:
+        files.discard_previous()  # another run's: never to be resumed
     if options.resume:
-        if path is None:
+        if files is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
-        if os.path.lexists(path):
-            expect = Expected.of(cfg, shard, size=core.stop - core.start,
-                                 rule_state=None if core.state.defence.stateful
-                                 else frozenset())
-            ckpt = load_checkpoint(path, key=mac_key, expect=expect)
+        rule_state = None if core.state.states[0].defence.stateful else frozenset()
+        expect = {s: expected_checkpoint(cfg, s, finite=True, d=initial.size,
+                                         rule_state=rule_state) for s in shards}
+        ckpts = files.load(expect)
+        if ckpts is not None:
             try:
-                core.restore(ckpt)
-            except ConfigError as exc:
-                raise CheckpointError(path, str(exc)) from exc
-            log.info("resumed from %s at round %d", path, core.state.round)
+                core.restore(ckpts)
+            except RestoreError as exc:
+                raise CheckpointError(checkpoint_path(out_dir, exc.shard), str(exc)) from exc
+            log.info("resumed shards %s from %s at round %d", core.name, out_dir,
+                     core.state.round)
         else:
-            log.info("no checkpoint at %s; starting from round 0", path)
+            log.info("no checkpoint of shards %s in %s; starting from round 0", core.name,
+                     out_dir)
     return core, writer
 
 
@@ -78,17 +84,19 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     """Serve until the last round is done (plus linger) or a stop is requested; with
     ``keys`` as a CURVE server that admits only the client keys whose scope includes the
     shard, within their budgets (``common/admission.py``)."""
-    mac_key = server_mac_key(keys, options.shard)
-    core, writer = build_core(cfg, options, process.out_dir, initial, mac_key)
-    curve = keys.server_curve(options.shard, cfg.num_workers) if keys else None
+    shards = options.shards(cfg)
+    first = shards[0]  # the process's name: its key is server-<first>
+    mac_keys = {s: server_mac_key(keys, s, first) for s in shards}
+    core, writer = build_core(cfg, options, process.out_dir, initial, mac_keys)
+    curve = keys.server_curve(first, cfg.num_workers) if keys else None
     ctx = zmq.Context.instance()
-    listener = Listener(ctx, options.bind, curve, largest_message(core.stop - core.start),
+    listener = Listener(ctx, options.bind, curve, largest_message(core.state.size),
                         peers_per_connection=cfg.num_workers)
     core.peers.on_bar = listener.bar
     sock = listener.sock
     try:
-        log.info("shard %d/%d [%d, %d) of d=%d listening on %s (rule %s, n=%d, q=%d, "
-                 "%d rounds, %s)", options.shard, cfg.num_shards, core.start, core.stop, core.d,
+        log.info("shards %s of %d (%d values of d=%d) listening on %s (rule %s, n=%d, q=%d, "
+                 "%d rounds, %s)", core.name, cfg.num_shards, core.state.size, core.d,
                  listener.endpoint, cfg.rule, cfg.num_workers, cfg.q, cfg.rounds,
                  "CURVE keys" if curve else "INSECURE: no keys")
         write_ready_file(process.ready_file, listener.endpoint)
@@ -111,7 +119,8 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     finally:
         if writer is not None:
             writer.close(core.snapshot())
-        core.metrics.close()
+        for metrics in core.metrics.values():
+            metrics.close()
         listener.close()
         shut_down(ctx)
 

@@ -1,4 +1,4 @@
-"""How one server node runs (everything but the shared run configuration)."""
+"""How one server process runs (everything but the shared run configuration)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.rules import RuleError
 from common.settings import CLUSTER, SERVER, setting
+from common.sharding import ShardSet, parse_shard_set
 
 # Every 8 rounds: a checkpoint (a file written and fsynced, its directory fsynced) costs
 # about 1.4 ms of CPU per server and round here, 28 ms a round with 20 servers; the
-# workers keep the last 16 rounds' pushes (--replay-rounds) for a server resumed from it.
+# workers keep the last 18 rounds' pushes (--replay-rounds) for a server resumed from it,
+# or from the one before (a process of several shards killed between its shards' files).
 CHECKPOINT_EVERY = 8
 # Rounds of the workers' replay window a checkpoint interval must leave free: the
 # checkpoint handed to the writer thread when the server dies may not be on disk yet,
@@ -19,36 +21,44 @@ CHECKPOINT_EVERY = 8
 REPLAY_SLACK = 2
 
 
-def check_replayable(checkpoint_every: int, replay_rounds: int) -> None:
+def check_replayable(checkpoint_every: int, replay_rounds: int, generations: int = 1) -> None:
     """``ConfigError`` unless a server restarted from its last checkpoint (``--resume``)
-    gets every round after it replayed by the workers, who keep ``replay_rounds``."""
+    gets every round after it replayed by the workers, who keep ``replay_rounds``;
+    ``generations`` 2 for a process of several shards, which may resume from the
+    checkpoint before its last (``server.checkpoint.GroupFiles``)."""
     if checkpoint_every == 0:
         raise ConfigError("--checkpoint-every 0 saves only at exit: a server restarted after "
                           "a crash would have no checkpoint the workers can replay from; give "
                           "an interval (or --max-restarts 0)")
-    if checkpoint_every + REPLAY_SLACK > replay_rounds:
+    needed = generations * checkpoint_every + REPLAY_SLACK
+    if needed > replay_rounds:
+        several = (" (a server process of several shards may resume from the checkpoint "
+                   "before its last)" if generations > 1 else "")
         raise ConfigError(f"--checkpoint-every {checkpoint_every} needs --replay-rounds of at "
-                          f"least {checkpoint_every + REPLAY_SLACK} (got {replay_rounds}): a "
-                          "server restarted from its last checkpoint would miss rounds no "
-                          "worker can replay; lower the one or raise the other (or "
-                          "--max-restarts 0)")
+                          f"least {needed} (got {replay_rounds}): a server restarted from its "
+                          f"last checkpoint{several} would miss rounds no worker can replay; "
+                          "lower the one or raise the other (or --max-restarts 0)")
 
 @dataclass(frozen=True)
 class ServerOptions:
     """The settings of one ``ps-server`` process."""
 
-    shard: int = setting(0, "This node's shard index s (0..S-1).", roles=(SERVER,), minimum=0,
-                         required=True)
+    shard: str = setting("0", "The shards this process hosts: an index s (0..S-1), a range "
+                         "a-b or a list (0-4, 1,3). A worker pushes it one message carrying "
+                         "all of them; each is aggregated, saved and measured as its own.",
+                         roles=(SERVER,), required=True)
     bind: str = setting("tcp://127.0.0.1:5550", "ZeroMQ endpoint to bind (tcp://HOST:* for a "
                         "free port; see --ready-file).", roles=(SERVER,))
     linger_s: float = setting(30.0, "After the last round, keep serving this long (seconds) "
                               "while an evaluator has not read the final parameters.",
                               flag="--linger", roles=(SERVER,), minimum=0.0)
-    checkpoint_every: int = setting(CHECKPOINT_EVERY, "Save the shard (shard-<s>.npz in "
-                                    "--out-dir, atomically and durably) every K rounds; 0: only "
-                                    "at exit. It is always saved at exit and on SIGTERM. A "
-                                    "server resumed from it gets the rounds after it replayed "
-                                    "by the workers, so keep K below their --replay-rounds.",
+    checkpoint_every: int = setting(CHECKPOINT_EVERY, "Save each shard (shard-<s>.npz in "
+                                    "--out-dir, atomically and durably; a process of several "
+                                    "shards keeps the one before too, shard-<s>.prev.npz) "
+                                    "every K rounds; 0: only at exit. It is always saved at "
+                                    "exit and on SIGTERM. A server resumed from it gets the "
+                                    "rounds after it replayed by the workers, so keep K below "
+                                    "their --replay-rounds (half of it for several shards).",
                                     roles=(SERVER, CLUSTER), minimum=0)
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))
@@ -60,6 +70,13 @@ class ServerOptions:
         None, "Pushes a round needs to close at its deadline (default n; at least n - q, "
         "and enough rows for the rule).", roles=(SERVER, CLUSTER), minimum=1)
 
+    def shards(self, cfg: RunConfig) -> ShardSet:
+        """The hosted shards, ascending (``ConfigError`` naming --shard if not 0..S-1)."""
+        try:
+            return parse_shard_set(self.shard, cfg.num_shards)
+        except ConfigError as exc:
+            raise ConfigError(f"--shard: {exc}") from None
+
     def rows_needed(self, cfg: RunConfig) -> int:
         """The quorum K: pushes a round needs to close at its deadline (n without one)."""
         if self.round_timeout_s is None or self.quorum is None:
@@ -67,7 +84,9 @@ class ServerOptions:
         return self.quorum
 
     def check(self, cfg: RunConfig) -> ServerOptions:
-        """``ConfigError`` for a quorum the run cannot use, naming both numbers."""
+        """``ConfigError`` for shards outside the run or a quorum the run cannot use,
+        naming both numbers."""
+        self.shards(cfg)
         n, q = cfg.num_workers, cfg.q
         if self.quorum is None:
             return self

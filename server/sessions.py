@@ -4,7 +4,7 @@ A peer (a routing envelope) must HELLO with the run's settings before it may PUS
 PULL; the HELLO opens a session that binds the peer to its role and worker id, so a
 session opened as worker i can push only as worker i. With CURVE keys every message must
 be within the scope of the key that authenticated the connection (:func:`check_claim`):
-a proxy's key, only at the shard it fronts, may say HELLO as the proxy itself and relay
+a proxy's key, only at the server process it fronts, may say HELLO as the proxy itself and relay
 the HELLOs of the workers behind it (relayed messages carry the proxy's routing frame).
 
 The table is bounded twice, so no peer can fill it for the others: each principal (the
@@ -45,22 +45,24 @@ class Session:
 
 
 def check_claim(identity: Identity | None, header: Header, depth: int = 1,
-                shard: int | None = None) -> None:
-    """Refuse (FORBIDDEN) what the key ``identity`` may not send at the server of
-    ``shard``; None: no keys in use. ``depth``: frames of the message's routing envelope
+                server: int | None = None) -> None:
+    """Refuse (FORBIDDEN) what the key ``identity`` may not send at server process
+    ``server`` (named by its first shard; None: no keys in use). ``depth``: frames of
+    the message's routing envelope
     (1 from a direct connection, 2 relayed by a proxy).
 
     * a worker key may HELLO and PUSH only as its own worker id, and PULL and ask STATUS;
     * the evaluator key may HELLO as the evaluator (or a monitor), PULL and ask STATUS;
-    * a proxy key, at its own shard only, may HELLO as the proxy on its own connection,
+    * a proxy key, at its own server process only, may HELLO as the proxy on its own
+      connection,
       and relay (``depth`` > 1) the HELLOs, PUSHes, PULLs and STATUS of workers;
     * a server key is no client's.
     """
     if identity is None:
         return
-    if shard is not None and not identity.reaches(shard):
+    if server is not None and not identity.reaches(server):
         raise Refused(ErrorCode.FORBIDDEN, f"the key of {identity.name} is not admitted at "
-                      f"shard {shard}")
+                      f"server-{server}")
     if identity.role == "proxy":
         _check_proxy_claim(identity, header, depth)
         return

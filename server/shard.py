@@ -49,6 +49,16 @@ class RoundMetrics:
     missing: list[int]  # the worker ids whose pushes the round closed without
 
 
+@dataclass(frozen=True)
+class Aggregated:
+    """A round's aggregate, computed and not yet applied (``ShardState.aggregate``)."""
+
+    aggregate: np.ndarray
+    mask: np.ndarray  # the workers aggregated
+    elapsed_ms: float
+    nonfinite: int  # non-finite values among the rows
+
+
 class ShardState:
     """Parameters of shard ``shard`` and the gradients received for the current round."""
 
@@ -164,6 +174,12 @@ class ShardState:
     def step(self) -> RoundMetrics:
         """Aggregate the round's rows (all n, or those in at its deadline) and apply
         x <- x - lr * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
+        return self.commit(self.aggregate())
+
+    def aggregate(self) -> Aggregated:
+        """The round's aggregate, computed but not applied (``commit`` applies it): the
+        rule's state moves on, the parameters and the round do not. ``RuleError`` if the
+        rule cannot take the rows."""
         mask = self.received.copy()
         rows = self.pushes
         self.defence.for_rows(rows)  # built (or RuleError) before the clock starts
@@ -171,13 +187,19 @@ class ShardState:
         grads = self.grads if rows == self.cfg.num_workers else self.grads[mask]
         context = RoundContext(self.cfg.seed, self.round, self.shard)
         aggregate = self.defence(torch.from_numpy(grads), context).numpy()
-        self.params = self.params - np.float32(self.cfg.lr) * aggregate
         elapsed_ms = (time.perf_counter() - started) * 1e3
         nonfinite = int(grads.size - np.count_nonzero(np.isfinite(grads)))
+        return Aggregated(aggregate, mask, elapsed_ms, nonfinite)
+
+    def commit(self, done: Aggregated) -> RoundMetrics:
+        """Apply x <- x - lr * Aggr of ``aggregate`` and advance the round."""
+        started = time.perf_counter()
+        self.params = self.params - np.float32(self.cfg.lr) * done.aggregate
+        mask = done.mask
         metrics = RoundMetrics(
             round=self.round,
-            aggregation_ms=elapsed_ms,
-            nonfinite_values=nonfinite,
+            aggregation_ms=done.elapsed_ms + (time.perf_counter() - started) * 1e3,
+            nonfinite_values=done.nonfinite,
             params_finite=bool(np.isfinite(self.params).all()),
             rule_info=self.defence.last_info,
             workers=np.flatnonzero(mask).tolist(),

@@ -1,6 +1,7 @@
-"""Client side of the protocol: one DEALER per server (or per proxy standing in for one).
+"""Client side of the protocol: one DEALER per server process (or per proxy standing in
+for one).
 
-Requests to the S servers go out together and their replies are gathered with one
+Requests to the servers go out together and their replies are gathered with one
 poller. What to send, when to resend, replay or catch up, and when to give up is
 decided by the socket-free ``ClientCore`` (``worker/core.py``, where the retry,
 replay, catch-up and handshake rules are described); this module holds the sockets
@@ -31,6 +32,7 @@ from common.config import RunConfig
 from common.keys import CurveClient, KeyRing
 from common.process import check_stop
 from common.protocol import Buffer, Message, ProtocolError, Welcome
+from common.sharding import ShardSet
 from common.transport import connect_dealer, receive, send_frames
 from worker.core import ClientCore, Connection, NextRound, RetryPolicy, Send
 
@@ -109,11 +111,13 @@ class Link:
 
 
 class ClusterClient:
-    """Talks to the S shard endpoints of one run on behalf of a worker or evaluator."""
+    """Talks to the server processes of one run on behalf of a worker or evaluator:
+    ``servers`` as ``ClientCore`` takes them (each link's key is its process's,
+    ``server-<first shard>``)."""
 
     def __init__(
         self,
-        endpoints: list[str],
+        servers: list[str] | list[tuple[ShardSet, str]],
         cfg: RunConfig,
         role: str,
         worker: int,
@@ -121,11 +125,12 @@ class ClusterClient:
         keys: KeyRing | None = None,
         replay_rounds: int = 0,
     ) -> None:
-        self.core = ClientCore(cfg, role, worker, endpoints, policy, replay_rounds)
+        self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds)
         self.ctx = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
-        self.links = [Link(self.ctx, e, keys.client_curve(name, s) if keys else None)
-                      for s, e in enumerate(endpoints)]
+        self.links = [Link(self.ctx, link.endpoint,
+                           keys.client_curve(name, link.shards[0]) if keys else None)
+                      for link in self.core.links]
 
     @property
     def d(self) -> int:
@@ -194,12 +199,12 @@ class ClusterClient:
 
     def _apply(self, sends: list[Send]) -> None:
         for send in sends:
-            link = self.links[send.shard]
+            link = self.links[send.link]
             if send.reopen:
                 link.reopen()
             if not link.send(send.frames):
                 # no connection: a failed handshake ends the client now; else the
                 # request is left to the timeout and resend
-                self.core.connection(send.shard, link.events(), time.monotonic())
+                self.core.connection(send.link, link.events(), time.monotonic())
                 log.debug("%s: no connection to send on yet; the timeout will resend",
                           link.endpoint)

@@ -1,10 +1,12 @@
 """The behaviour of a worker's (or evaluator's) side of the protocol, without sockets.
 
-A ``ClientCore`` runs one *exchange* at a time: a request to each of the S shards and
-one answer from each. ``hello(now)``, ``pull(round_, now)``, ``push(round_, gradient,
-now)`` and ``catch_up(round_, now)`` start one and return what to send;
-``handle(shard, reply, now)`` and ``tick(now)`` return what to send next;
-``connection(shard, events, now)`` reports what a link's socket monitor saw. Once
+A ``ClientCore`` runs one *exchange* at a time: a request to each server process (a
+*link*: one endpoint, hosting a set of the S shards, ``common.sharding``) and one
+answer from each; a push carries the slices of every shard the process hosts, a
+PARAMS reply their parameters. ``hello(now)``, ``pull(round_, now)``, ``push(round_,
+gradient, now)`` and ``catch_up(round_, now)`` start one and return what to send;
+``handle(link, reply, now)`` and ``tick(now)`` return what to send next;
+``connection(link, events, now)`` reports what a link's socket monitor saw. Once
 ``pending`` is empty, ``outcome`` holds the exchange's result. The core owns every
 decision of the exchange:
 
@@ -66,6 +68,7 @@ from common.protocol import (
     Welcome,
     encode,
 )
+from common.sharding import ServerSlices, ShardSet, format_shard_set, parse_servers
 
 log = logging.getLogger("ps.client")
 
@@ -95,10 +98,10 @@ class Connection(enum.Enum):
 
 @dataclass(frozen=True)
 class Send:
-    """Frames to send to shard ``shard``; ``reopen``: on a new connection (the old
+    """Frames to send on link ``link``; ``reopen``: on a new connection (the old
     socket is closed first, whatever was queued on it is dropped)."""
 
-    shard: int
+    link: int
     frames: list[Buffer]
     reopen: bool = False
 
@@ -143,7 +146,7 @@ class SentPushes:
 
 @dataclass
 class _Step:
-    """One request to one shard, how its answer is read, and its progress."""
+    """One request to one server process, how its answer is read, and its progress."""
 
     frames: list[Buffer]
     read: Callable[[Message], object] | None  # the answer's value; None: any answer
@@ -168,9 +171,12 @@ class _Step:
 
 @dataclass
 class _Link:
-    """What the core knows of one shard's connection, and its queue of requests."""
+    """What the core knows of one server process's connection (its ``shards``; where
+    they lie in the model, once d is known), and its queue of requests."""
 
     endpoint: str
+    shards: ShardSet = ()
+    slices: ServerSlices | None = None
     steps: deque[_Step] = field(default_factory=deque)
     welcomes_due: int = 0  # WELCOMEs to re-HELLOs still to come (skipped)
     # when a connection was first closed during the handshake, with none succeeding
@@ -190,26 +196,32 @@ class _Link:
             f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
 
 
-# What a stale-round refusal does in an exchange: (shard, refusal, now) -> what to send.
+# What a stale-round refusal does in an exchange: (server index, refusal, now) -> what to send.
 _OnStale = Callable[[int, Error, float], list[Send]]
 
 
-class ClientCore:
-    """The exchanges of one worker (``worker`` >= 0) or evaluator with the S shards at
-    ``endpoints`` (their names, for messages)."""
+def server_list(cfg: RunConfig, servers: list[str] | list[tuple[ShardSet, str]],
+                ) -> list[tuple[ShardSet, str]]:
+    """The server processes as (shards, endpoint): given so, or plain endpoints (the
+    contiguous blocks of ``common.sharding.server_blocks``, one shard each for S)."""
+    if all(isinstance(e, str) for e in servers):
+        return parse_servers(",".join(servers), cfg.num_shards)  # type: ignore[arg-type]
+    return list(servers)  # type: ignore[arg-type]
 
-    def __init__(self, cfg: RunConfig, role: str, worker: int, endpoints: list[str],
+
+class ClientCore:
+    """The exchanges of one worker (``worker`` >= 0) or evaluator with the server
+    processes ``servers``: (shards, endpoint) each, or plain endpoints (see
+    :func:`server_list`)."""
+
+    def __init__(self, cfg: RunConfig, role: str, worker: int,
+                 servers: list[str] | list[tuple[ShardSet, str]],
                  policy: RetryPolicy | None = None, replay_rounds: int = 0) -> None:
-        if len(endpoints) != cfg.num_shards:
-            raise ConfigError(
-                f"{len(endpoints)} server endpoints given for S={cfg.num_shards} shards"
-            )
         self.cfg = cfg
         self.worker = worker
         self.policy = policy or RetryPolicy()
-        self.links = [_Link(e) for e in endpoints]
+        self.links = [_Link(e, shards) for shards, e in server_list(cfg, servers)]
         self.sent = SentPushes(replay_rounds)
-        self.ranges: list[tuple[int, int]] = []
         self.d = 0
         self.hello_frames = encode(Hello(role=role, worker=worker,
                                          config_hash=cfg.config_hash, config=cfg.to_dict()))
@@ -222,42 +234,44 @@ class ClientCore:
     # -- exchanges ---------------------------------------------------------------
 
     def hello(self, now: float) -> list[Send]:
-        """Say HELLO to every shard; ``outcome``: the WELCOMEs (the shard ranges and d
-        are learnt from them)."""
+        """Say HELLO to every server; ``outcome``: the WELCOMEs (d, and so where each
+        server's shards lie, is learnt from them)."""
         steps = {s: _Step(self.hello_frames, _reader(Welcome)) for s in range(len(self.links))}
         return self._begin(steps, self._welcomed, None, now)
 
     def pull(self, round_: int, now: float) -> list[Send]:
-        """Pull x^round_ from every shard; ``outcome``: the assembled vector."""
+        """Pull x^round_ from every server; ``outcome``: the assembled vector."""
         x = np.empty(self.d, dtype=np.float32)
         return self._begin(self._pulls(x, round_), lambda: x, None, now)
 
     def catch_up(self, round_: int, now: float, missed: bool = False) -> list[Send]:
-        """``outcome``: ``NextRound`` of the first round >= ``round_`` that every shard
+        """``outcome``: ``NextRound`` of the first round >= ``round_`` that every server
         still serves (a worker that starts late, or whose push came after its round
         closed, goes on there)."""
         x = np.empty(self.d, dtype=np.float32)
         target = round_
 
-        def skip_ahead(shard: int, error: Error, now: float) -> list[Send]:
+        def skip_ahead(server: int, error: Error, now: float) -> list[Send]:
             if error.round <= target:
-                raise ServerRefused(self.links[shard].endpoint, error)
-            return self._abandon_but(shard) + self.catch_up(error.round, now, missed)
+                raise ServerRefused(self.links[server].endpoint, error)
+            return self._abandon_but(server) + self.catch_up(error.round, now, missed)
 
         return self._begin(self._pulls(x, round_), lambda: NextRound(target, x, missed),
                            skip_ahead, now)
 
     def push(self, round_: int, gradient: np.ndarray, now: float) -> list[Send]:
-        """Send each shard its slice of the gradient for ``round_``; ``outcome``: the
-        worker's ``NextRound``. Before the last round each server answers with PARAMS of
-        the next round once it exists (``pull_next``); the last round is ACKed."""
+        """Send each server process the slices of the gradient for ``round_`` of every
+        shard it hosts, in one message; ``outcome``: the worker's ``NextRound``. Before
+        the last round each server answers with PARAMS of the next round once it exists
+        (``pull_next``); the last round is ACKed."""
         self.sent.record(round_, gradient)
         pull_next = round_ + 1 < self.cfg.rounds
         x = np.empty(self.d, dtype=np.float32) if pull_next else None
         steps = {}
-        for s, (start, stop) in enumerate(self.ranges):
-            values = gradient[start:stop]
-            header = Push(round=round_, worker=self.worker, length=stop - start,
+        for s, link in enumerate(self.links):
+            values = self._slices_of(link, gradient)
+            length = link.slices.length  # type: ignore[union-attr]
+            header = Push(round=round_, worker=self.worker, length=length,
                           pull_next=pull_next)
             step = _Step(encode(header, values), _reader(Ack), idempotent=True,
                          push_round=round_)
@@ -266,11 +280,11 @@ class ClientCore:
                 # counted already: its reply was lost; PULL the next round instead
                 step.on_repeat = self._pull_step(x, s, round_ + 1)
                 step.on_repeat.repush = encode(
-                    Push(round=round_, worker=self.worker, length=stop - start), values)
+                    Push(round=round_, worker=self.worker, length=length), values)
             steps[s] = step
 
-        def caught_up(shard: int, error: Error, now: float) -> list[Send]:
-            abandoned = self._abandon_but(shard)
+        def caught_up(server: int, error: Error, now: float) -> list[Send]:
+            abandoned = self._abandon_but(server)
             if error.round >= self.cfg.rounds:  # the last round closed without it
                 self.pending.clear()
                 self.outcome = NextRound(error.round, None, missed=True)
@@ -280,7 +294,7 @@ class ClientCore:
         return self._begin(steps, lambda: NextRound(round_ + 1, x), caught_up, now)
 
     def abandon(self) -> list[Send]:
-        """Give up the exchange (it raised): each shard still waiting gets a new
+        """Give up the exchange (it raised): each server still waiting gets a new
         connection, so the replies still due are not read as answers to the next one."""
         sends = self._abandon_but(-1)
         self.pending.clear()
@@ -288,21 +302,21 @@ class ClientCore:
 
     # -- inputs ------------------------------------------------------------------
 
-    def handle(self, shard: int, reply: Message | ProtocolError, now: float) -> list[Send]:
-        """What to send after shard ``shard``'s reply (a ``ProtocolError``: malformed).
+    def handle(self, server: int, reply: Message | ProtocolError, now: float) -> list[Send]:
+        """What to send after server ``server``'s reply (a ``ProtocolError``: malformed).
         Raises what ends the exchange: ``ServerRefused``, ``PeerError``, ``ConfigError``."""
-        link = self.links[shard]
+        link = self.links[server]
         if isinstance(reply, ProtocolError):
             raise PeerError(f"{link.endpoint} sent a malformed reply: {reply}") from reply
-        if shard not in self.pending:
+        if server not in self.pending:
             return []
         handler = _HANDLERS.get(type(reply.header), ClientCore._on_answer)
-        return handler(self, shard, reply, now)
+        return handler(self, server, reply, now)
 
-    def connection(self, shard: int, events: list[Connection], now: float) -> None:
-        """What shard ``shard``'s socket monitor saw. ``PeerError`` if the server refused
+    def connection(self, server: int, events: list[Connection], now: float) -> None:
+        """What server ``server``'s socket monitor saw. ``PeerError`` if the server refused
         the handshake, or closed connections during it for ``HANDSHAKE_GRACE_S``."""
-        link = self.links[shard]
+        link = self.links[server]
         for event in events:
             if event is Connection.SUCCEEDED:
                 link.failing_since = None
@@ -364,48 +378,48 @@ class ClientCore:
 
     # -- replies (the dispatch table ``_HANDLERS``) -------------------------------
 
-    def _on_welcome(self, shard: int, reply: Message, now: float) -> list[Send]:
-        link = self.links[shard]
+    def _on_welcome(self, server: int, reply: Message, now: float) -> list[Send]:
+        link = self.links[server]
         if link.welcomes_due:  # the WELCOME to a re-HELLO
             link.welcomes_due -= 1
             return []
-        return self._on_answer(shard, reply, now)
+        return self._on_answer(server, reply, now)
 
-    def _on_error(self, shard: int, reply: Message, now: float) -> list[Send]:
+    def _on_error(self, server: int, reply: Message, now: float) -> list[Send]:
         error: Error = reply.header  # type: ignore[assignment]
-        link = self.links[shard]
+        link = self.links[server]
         step = link.steps[0]
         if step.best_effort:
-            return self._on_answer(shard, reply, now)
+            return self._on_answer(server, reply, now)
         code = error.code
         behind = (step.push_round is not None and code == ErrorCode.WRONG_ROUND.value
                   and error.round < step.push_round)
         if (code == ErrorCode.HELLO_FIRST.value or behind) and step.resends < MAX_RESENDS:
             step.resends += 1
             if behind:
-                return self._replay(shard, error.round, step.push_round, now)  # type: ignore[arg-type]
-            return [self._hello_again(shard), *self._send(shard, now)]
+                return self._replay(server, error.round, step.push_round, now)  # type: ignore[arg-type]
+            return [self._hello_again(server), *self._send(server, now)]
         if step.resent() and code in (ErrorCode.DUPLICATE.value, ErrorCode.STALE_ROUND.value):
-            return self._complete(shard, None, now)  # counted the first time
+            return self._complete(server, None, now)  # counted the first time
         if code == ErrorCode.STALE_ROUND.value and self._on_stale is not None:
-            return self._on_stale(shard, error, now)
+            return self._on_stale(server, error, now)
         if code == ErrorCode.CONFIG_MISMATCH.value:
             raise ConfigError(f"{link.endpoint} refused: {error.message}")
         raise ServerRefused(link.endpoint, error)
 
-    def _on_answer(self, shard: int, reply: Message, now: float) -> list[Send]:
-        step = self.links[shard].steps[0]
+    def _on_answer(self, server: int, reply: Message, now: float) -> list[Send]:
+        step = self.links[server].steps[0]
         if step.read is None:
-            log.info("re-pushed to %s: %s", self.links[shard].endpoint,
+            log.info("re-pushed to %s: %s", self.links[server].endpoint,
                      type(reply.header).__name__)
-            return self._complete(shard, True, now)
-        return self._complete(shard, step.read(reply), now)
+            return self._complete(server, True, now)
+        return self._complete(server, step.read(reply), now)
 
     # -- machinery ---------------------------------------------------------------
 
     def _begin(self, steps: dict[int, _Step], finish: Callable[[], object],
                on_stale: _OnStale | None, now: float) -> list[Send]:
-        """Start an exchange: ``steps[s]`` to shard s; ``finish()`` makes its outcome."""
+        """Start an exchange: ``steps[s]`` to server s; ``finish()`` makes its outcome."""
         self.pending = set(steps)
         self.results = {}
         self.outcome = None
@@ -419,59 +433,58 @@ class ClientCore:
             sends += self._send(s, now)
         return sends
 
-    def _send(self, shard: int, now: float) -> list[Send]:
-        """Send shard ``shard``'s current request; its timeout starts now."""
-        step = self.links[shard].steps[0]
+    def _send(self, server: int, now: float) -> list[Send]:
+        """Send server ``server``'s current request; its timeout starts now."""
+        step = self.links[server].steps[0]
         step.deadline = now + self.policy.timeout_s
-        return [Send(shard, step.frames)]
+        return [Send(server, step.frames)]
 
-    def _complete(self, shard: int, value: object, now: float) -> list[Send]:
-        """Shard ``shard``'s current request is answered with ``value`` (None: it had been
-        counted already): send its next one, or record the shard's result."""
-        link = self.links[shard]
+    def _complete(self, server: int, value: object, now: float) -> list[Send]:
+        """Server ``server``'s current request is answered with ``value`` (None: it had been
+        counted already): send its next one, or record the server's result."""
+        link = self.links[server]
         step = link.steps.popleft()
         if value is None and step.on_repeat is not None:
             link.steps.appendleft(step.on_repeat)
         if link.steps:
-            return self._send(shard, now)
-        self.results[shard] = value
-        self.pending.discard(shard)
+            return self._send(server, now)
+        self.results[server] = value
+        self.pending.discard(server)
         if not self.pending:
             self.outcome = self._finish()
         return []
 
-    def _new_connection(self, shard: int) -> Send:
-        """A new connection to the shard (the old one closed) that says HELLO first."""
-        link = self.links[shard]
+    def _new_connection(self, server: int) -> Send:
+        """A new connection to the server (the old one closed) that says HELLO first."""
+        link = self.links[server]
         link.connected = link.dropped = False
         link.welcomes_due = 1
-        return Send(shard, self.hello_frames, reopen=True)
+        return Send(server, self.hello_frames, reopen=True)
 
-    def _hello_again(self, shard: int) -> Send:
+    def _hello_again(self, server: int) -> Send:
         """HELLO on the same connection before the next request (its WELCOME skipped)."""
-        self.links[shard].welcomes_due += 1
-        return Send(shard, self.hello_frames)
+        self.links[server].welcomes_due += 1
+        return Send(server, self.hello_frames)
 
-    def _reconnect(self, shard: int, now: float) -> list[Send]:
+    def _reconnect(self, server: int, now: float) -> list[Send]:
         """The current request again on a new connection (after a re-push, if it has one)."""
-        link = self.links[shard]
-        sends = [self._new_connection(shard)]
+        link = self.links[server]
+        sends = [self._new_connection(server)]
         repush = link.steps[0].repush
         if repush is not None:
             link.steps.appendleft(_Step(repush, None))
-        return sends + self._send(shard, now)
+        return sends + self._send(server, now)
 
-    def _abandon_but(self, shard: int) -> list[Send]:
-        """New connections for the shards still waiting, but ``shard``."""
-        return [self._new_connection(s) for s in sorted(self.pending) if s != shard]
+    def _abandon_but(self, server: int) -> list[Send]:
+        """New connections for the servers still waiting, but ``server``."""
+        return [self._new_connection(s) for s in sorted(self.pending) if s != server]
 
-    def _replay(self, shard: int, first: int, last: int, now: float) -> list[Send]:
-        """Push to ``shard`` again the gradients of rounds ``first`` to ``last - 1`` (each
+    def _replay(self, server: int, first: int, last: int, now: float) -> list[Send]:
+        """Push to ``server`` again the gradients of rounds ``first`` to ``last - 1`` (each
         once its round is open there), then the current request."""
-        link = self.links[shard]
+        link = self.links[server]
         log.warning("%s is at round %d, this worker at %d: replaying %d rounds",
                     link.endpoint, first, last, last - first)
-        start, stop = self.ranges[shard]
         replays = []
         for k in range(first, last):
             gradient = self.sent.get(k)
@@ -480,49 +493,71 @@ class ClientCore:
                     f"{link.endpoint} restarted at round {first}, but this worker keeps "
                     f"only its last {self.sent.window} rounds (--replay-rounds) and is at "
                     f"round {last}")
-            header = Push(round=k, worker=self.worker, length=stop - start, pull_next=True)
-            replays.append(_Step(encode(header, gradient[start:stop]), _reader(Params),
-                                 idempotent=True))
+            header = Push(round=k, worker=self.worker,
+                          length=link.slices.length, pull_next=True)  # type: ignore[union-attr]
+            replays.append(_Step(encode(header, self._slices_of(link, gradient)),
+                                 _reader(Params), idempotent=True))
         link.steps.extendleft(reversed(replays))
-        return self._send(shard, now)
+        return self._send(server, now)
 
     def _check_grace(self, link: _Link, now: float) -> None:
         if link.failing_since is not None and now - link.failing_since >= HANDSHAKE_GRACE_S:
             raise link.handshake_error(now)
 
     def _welcomed(self) -> list[Welcome]:
-        """The WELCOMEs, checked: shard s at endpoint s; the shard ranges and d learnt."""
+        """The WELCOMEs, checked: each endpoint hosts the shards expected there, all of
+        one model; d learnt, and where each server's shards lie."""
         welcomes: list[Welcome] = [self.results[s] for s in range(len(self.links))]  # type: ignore[misc]
-        for s, w in enumerate(welcomes):
-            if w.shard != s or w.num_shards != self.cfg.num_shards:
+        for link, w in zip(self.links, welcomes, strict=True):
+            if tuple(w.shards) != link.shards or w.num_shards != self.cfg.num_shards:
                 raise ConfigError(
-                    f"endpoint {self.links[s].endpoint} serves shard {w.shard} of "
-                    f"{w.num_shards}, expected shard {s} of {self.cfg.num_shards} (check "
-                    f"the endpoint order)")
-        self.ranges = [(w.start, w.stop) for w in welcomes]
+                    f"endpoint {link.endpoint} serves shards "
+                    f"{format_shard_set(w.shards) or 'none'} of {w.num_shards}, expected "
+                    f"{format_shard_set(link.shards)} of {self.cfg.num_shards} (check the "
+                    f"endpoint order, or name each server's shards: SHARDS@ENDPOINT)")
+        if len({w.d for w in welcomes}) > 1:
+            raise ConfigError(f"the servers hold models of different sizes: "
+                              f"{sorted({w.d for w in welcomes})}")
         self.d = welcomes[0].d
+        for link, w in zip(self.links, welcomes, strict=True):
+            link.slices = ServerSlices.of(self.d, self.cfg.num_shards, link.shards)
+            if w.length != link.slices.length:
+                raise PeerError(f"{link.endpoint} says its shards hold {w.length} values, "
+                                f"not {link.slices.length}")
         return welcomes
+
+    @staticmethod
+    def _slices_of(link: _Link, vector: np.ndarray) -> list[np.ndarray]:
+        """``vector``'s values on ``link``'s shards: one view per contiguous span."""
+        return [vector[a:b] for a, b in link.slices.spans]  # type: ignore[union-attr]
 
     def _pulls(self, x: np.ndarray, round_: int) -> dict[int, _Step]:
         return {s: self._pull_step(x, s, round_) for s in range(len(self.links))}
 
-    def _pull_step(self, x: np.ndarray, shard: int, round_: int) -> _Step:
-        """PULL(round_) from ``shard``, its PARAMS copied into ``x``."""
+    def _pull_step(self, x: np.ndarray, server: int, round_: int) -> _Step:
+        """PULL(round_) from ``server``, its PARAMS copied into ``x``."""
         frames = encode(Pull(round=round_, worker=self.worker))
-        return _Step(frames, self._params_into(x, shard, round_))
+        return _Step(frames, self._params_into(x, server, round_))
 
-    def _params_into(self, x: np.ndarray, shard: int, round_: int) -> Callable[[Message], bool]:
-        """A reader that copies shard ``shard``'s PARAMS(round_) into ``x``."""
+    def _params_into(self, x: np.ndarray, server: int, round_: int) -> Callable[[Message], bool]:
+        """A reader that copies link ``server``'s PARAMS(round_) into ``x`` (each span of
+        its shards where it lies)."""
+        link = self.links[server]
 
         def read(msg: Message) -> bool:
             h: Params = _expect(msg, Params)  # type: ignore[assignment]
-            start, stop = self.ranges[shard]
-            if h.round != round_ or h.length != stop - start:
+            slices = link.slices
+            if (h.round != round_ or h.length != slices.length  # type: ignore[union-attr]
+                    or tuple(h.shards) != link.shards):
                 raise PeerError(
-                    f"shard {shard} sent round {h.round} with {h.length} values, expected "
-                    f"round {round_} with {stop - start}"
-                )
-            msg.tensor_into(x[start:stop])
+                    f"{link.endpoint} sent round {h.round} of shards "
+                    f"{format_shard_set(h.shards) or 'none'} with {h.length} values, expected "
+                    f"round {round_} of shards {format_shard_set(link.shards)} with "
+                    f"{slices.length}")  # type: ignore[union-attr]
+            offset = 0
+            for a, b in slices.spans:  # type: ignore[union-attr]
+                msg.tensor_part_into(offset, x[a:b])
+                offset += b - a
             return True
 
         return read

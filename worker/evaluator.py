@@ -76,7 +76,7 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(options.endpoints(), cfg, "evaluator", -1, policy, keys)
+    client = ClusterClient(options.server_list(cfg.num_shards), cfg, "evaluator", -1, policy, keys)
     metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)
     try:
         client.hello()

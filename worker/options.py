@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
+from common.sharding import ShardSet, parse_servers
 
 CLIENTS = (WORKER, EVALUATOR)
 
@@ -15,8 +16,11 @@ class ClientOptions:
     """The settings of one ``ps-worker`` process (a worker or the evaluator)."""
 
     servers: str | None = setting(
-        None, "Comma-separated endpoints of shards 0..S-1, in order (a proxy's endpoint stands "
-        "in for the server it fronts), e.g. tcp://10.0.0.1:5550,tcp://10.0.0.2:5550.",
+        None, "Comma-separated endpoints of the server processes, in shard order (a proxy's "
+        "endpoint stands in for the server it fronts), e.g. "
+        "tcp://10.0.0.1:5550,tcp://10.0.0.2:5550: S endpoints host a shard each, P < S "
+        "the P contiguous blocks of ps-cluster --server-processes; or SHARDS@ENDPOINT "
+        "entries separated by ';' (0-4@tcp://10.0.0.1:5550;5-9@tcp://10.0.0.2:5550).",
         roles=CLIENTS, required=True)
     worker_id: int | None = setting(None, "This worker's id i in 0..n-1 (required unless "
                                     "--evaluate).", roles=(WORKER,), minimum=0)
@@ -31,12 +35,14 @@ class ClientOptions:
     retries: int = setting(3, "Resends before giving up with exit code 4.",
                            roles=(*CLIENTS, CLUSTER), minimum=0)
 
-    replay_rounds: int = setting(16, "Gradients of the last K rounds kept, to replay them to a "
+    replay_rounds: int = setting(18, "Gradients of the last K rounds kept, to replay them to a "
                                  "server that restarted from an older checkpoint (K x the "
                                  "model size in memory).", roles=(WORKER, CLUSTER), minimum=0)
 
-    def endpoints(self) -> list[str]:
-        return [e.strip() for e in (self.servers or "").split(",") if e.strip()]
+    def server_list(self, num_shards: int) -> list[tuple[ShardSet, str]]:
+        """The server processes as (shards, endpoint) (``ConfigError`` naming what is
+        wrong with --servers)."""
+        return parse_servers(self.servers or "", num_shards)
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     worker = options.worker_id
     if worker is None or not 0 <= worker < cfg.num_workers:
         raise ConfigError(f"--worker-id must be in 0..{cfg.num_workers - 1}, got {worker}")
-    endpoints = options.endpoints()
+    servers = options.server_list(cfg.num_shards)
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
     # kept in memory from round to round: a restarted worker starts again from zero
     step = WorkerStep(cfg, attack, computer, worker)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(endpoints, cfg, "worker", worker, policy, keys,
+    client = ClusterClient(servers, cfg, "worker", worker, policy, keys,
                            replay_rounds=options.replay_rounds)
     metrics = JsonlWriter(out_dir / f"worker-{worker}.jsonl" if out_dir else None)
     try:
@@ -49,10 +49,10 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             )
         start = min(w.round for w in welcomes)
         log.info(
-            "worker %d of %d%s: %d shards, d=%d, starting at round %d",
+            "worker %d of %d%s: %d shards on %d servers, d=%d, starting at round %d",
             worker, cfg.num_workers,
             f" (byzantine: {attack.worker_attack})" if step.byzantine else "",
-            len(endpoints), client.d, start,
+            cfg.num_shards, len(servers), client.d, start,
         )
         at = client.catch_up(start)
         freeze_startup_objects()

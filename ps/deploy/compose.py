@@ -1,4 +1,4 @@
-"""Write ``docker-compose.yml`` for a cluster of n workers and S servers.
+"""Write ``docker-compose.yml`` for a cluster of n workers and S shards on P server processes.
 
 The run is described by one env file (``docker/cluster.env``: ``PS_*`` lines). The
 generator reads it through the settings declarations (``common.settings``): a key
@@ -9,13 +9,16 @@ takes (derived, like the argv ``ps-cluster`` hands its children): the run
 configuration (one YAML anchor), and per role the server, proxy, worker or evaluator
 settings, an attacker's attack with its parameters, and the process settings.
 
-One service per server (``server-<s>``), per proxy (``proxy-<s>``, in front of server
-s) and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
-evaluator and two set-up services that run first, without network: ``runs-dir``
-(root, ``CHOWN`` and ``DAC_OVERRIDE`` only) creates one directory per service under the
-host's runs directory, hands them to the containers' user and removes the previous
-run's checkpoints (every ``up`` is a new run); then ``keys`` writes the run's keys: the
-full set in its own tmpfs, and one bundle per identity (``ps-keys --bundles``). A fixed
+One service per server process (``server-<first>``: the S shards spread over
+``PS_SERVER_PROCESSES`` contiguous blocks, ``common.sharding.server_blocks``, each process
+named by its first shard and given its block as ``PS_SHARD``, e.g. ``0-1``), per proxy
+(``proxy-<first>``, in front of the server process hosting a shard of ``--proxy-shards``)
+and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
+evaluator and two set-up services that run first, without network: ``runs-dir`` (root,
+``CHOWN`` and ``DAC_OVERRIDE`` only) creates one directory per service under the host's
+runs directory, hands them to the containers' user and removes the previous run's
+checkpoints (every ``up`` is a new run); then ``keys`` writes the run's keys: the full
+set in its own tmpfs, and one bundle per identity (``ps-keys --bundles``). A fixed
 id per service keeps a run reproducible (worker i always trains on partition i) and
 lets one worker be made Byzantine on its own.
 
@@ -33,8 +36,9 @@ worker rejoins at the servers' round.
 
 Usage (from the repository root)::
 
-    python3 docker/gen_compose.py                        # n, S from docker/cluster.env
+    python3 docker/gen_compose.py                        # n, S, P from docker/cluster.env
     python3 docker/gen_compose.py --workers 12 --shards 2  # set them there, then write
+    python3 docker/gen_compose.py --server-processes 2   # S shards on 2 server processes
     python3 docker/gen_compose.py --proxy-shards 0,1     # proxies before 2 servers
     python3 docker/gen_compose.py --byzantine-workers 7 --worker-attack gaussian
     python3 docker/gen_compose.py --check                # exit 1 if the file is stale
@@ -60,18 +64,22 @@ from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions
 from common.settings import (
+    CLUSTER,
     EVALUATOR,
     LAUNCHERS,
     PROXY,
     ROLES,
     SERVER,
     WORKER,
+    check_ranges,
     declared,
     from_environ,
     to_environ,
 )
+from common.sharding import ShardSet, format_shard_set
 from ps.commands import DEPLOYED, command_of, setting_classes
 from ps.deploy import resources
+from ps.launcher.options import ClusterOptions
 from ps.proxy.options import ProxyOptions
 from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
@@ -105,7 +113,7 @@ def read_env(path: Path) -> dict[str, str]:
     return values
 
 
-def set_env_values(path: Path, updates: dict[str, int]) -> None:
+def set_env_values(path: Path, updates: Mapping[str, int | str]) -> None:
     """Rewrite ``KEY=...`` lines of the env file in place (appending missing keys)."""
     text = path.read_text(encoding="utf-8")
     for key, value in updates.items():
@@ -117,6 +125,13 @@ def set_env_values(path: Path, updates: dict[str, int]) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+# The one ps-cluster setting an env file may hold: how many server processes host the
+# S shards (a topology setting of the deployment, handed to no container as such).
+SERVER_PROCESSES = next(d for d in declared(ClusterOptions) if d.name == "server_processes")
+# Server processes of a generated deployment without PS_SERVER_PROCESSES (at most S).
+DEPLOYED_SERVER_PROCESSES = 4
+
+
 @dataclass(frozen=True)
 class Deployment:
     """A validated run as the compose file deploys it."""
@@ -124,23 +139,60 @@ class Deployment:
     cfg: RunConfig
     attack: AttackConfig
     env: Mapping[str, str]
+    # the shards of each server process, in shard order (``ClusterOptions.blocks``)
+    blocks: tuple[ShardSet, ...]
 
     def settings(self, cls: type, role: str, **fixed: Any) -> Any:
         """An instance of ``cls`` from the env file (the ``role``'s settings), ``fixed`` on top."""
         return from_environ(cls, self.env, {role}, **fixed)
+
+    @property
+    def servers(self) -> dict[str, ShardSet]:
+        """Server process name (``server-<first>``) -> the shards it hosts, in order."""
+        return {f"server-{block[0]}": block for block in self.blocks}
+
+    @property
+    def proxied(self) -> tuple[int, ...]:
+        """The server processes (by first shard) with a proxy in front: those hosting a
+        shard of ``proxy_shards`` (the ``proxies`` of ``common.keys.needed_keys``)."""
+        targets = set(self.attack.proxy_shards)
+        return tuple(block[0] for block in self.blocks if targets & set(block))
+
+    def proxy_targets(self, first: int) -> tuple[int, ...]:
+        """The shards of server process ``server-<first>`` that its proxy corrupts."""
+        block = self.servers[f"server-{first}"]
+        return tuple(s for s in block if s in self.attack.proxy_shards)
+
+
+def server_blocks_of(env: Mapping[str, str], num_shards: int) -> tuple[ShardSet, ...]:
+    """The server processes' shards: ``PS_SERVER_PROCESSES`` contiguous blocks (default
+    ``min(S, DEPLOYED_SERVER_PROCESSES)``: a deployment's machines, not the cores of
+    the one generating the file)."""
+    given = {k: v for k, v in env.items() if k == SERVER_PROCESSES.env}
+    options = from_environ(ClusterOptions, given, {CLUSTER})
+    check_ranges(options)
+    processes = options.server_processes
+    if processes is not None and processes > num_shards:
+        raise ConfigError(f"{SERVER_PROCESSES.env}={processes} is more than PS_SHARDS="
+                          f"{num_shards}: a server process hosts at least one shard")
+    return tuple(options.blocks(num_shards, DEPLOYED_SERVER_PROCESSES))
 
 
 def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment:
     """Parse and validate the env file's settings and the topology options."""
     # an env file may set the settings of the commands the containers run
     known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
+    known.add(SERVER_PROCESSES.env)
     unknown = sorted(k for k in env if k not in known)
     if unknown:
         raise ConfigError(f"not a setting: {', '.join(unknown)} (see `ps-cluster --help`)")
     cfg = from_environ(RunConfig, env, ROLES).validate()
-    # every node restarts on failure and a server resumes from its checkpoint
+    # every node restarts on failure and a server resumes from its checkpoint (a process
+    # of several shards maybe from the one before)
+    several = any(len(b) > 1 for b in server_blocks_of(env, cfg.num_shards))
     check_replayable(from_environ(ServerOptions, env, {SERVER}, shard=0).checkpoint_every,
-                     from_environ(ClientOptions, env, {WORKER}).replay_rounds)
+                     from_environ(ClientOptions, env, {WORKER}).replay_rounds,
+                     generations=2 if several else 1)
     scenario = from_environ(AttackConfig, env, LAUNCHERS)
     params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
     byzantine = tuple(options["byzantine_workers"])
@@ -150,7 +202,7 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     attack = replace(scenario, params=params, proxy_shards=proxies,
                      byzantine_workers=byzantine,
                      worker_attack=options["worker_attack"] if byzantine else NO_ATTACK)
-    return Deployment(cfg, attack.validate(cfg), env)
+    return Deployment(cfg, attack.validate(cfg), env, server_blocks_of(env, cfg.num_shards))
 
 
 def endpoint(host: str) -> str:
@@ -184,8 +236,8 @@ def worker_environment(dep: Deployment, worker_id: int | None, byzantine: bool,
     """A worker's environment beyond the run configuration; ``worker_id`` None leaves
     ``PS_WORKER_ID`` to the container, ``byzantine`` adds the worker attack's settings."""
     attack = dep.attack
-    fronts = [f"proxy-{k}" if k in attack.proxy_shards else f"server-{k}"
-              for k in range(dep.cfg.num_shards)]
+    fronts = [f"proxy-{block[0]}" if block[0] in dep.proxied else f"server-{block[0]}"
+              for block in dep.blocks]  # one endpoint per server process, in shard order
     lies = (attack, *attack.active(attack.worker_attack)) if byzantine else ()
     return _environment(
         WORKER, dep.settings(ClientOptions, WORKER, servers=",".join(map(endpoint, fronts)),
@@ -198,22 +250,27 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
                          ) -> dict[str, tuple[str, dict[str, str]]]:
     """Service name -> (command, environment beyond the run configuration); every
     process reads the run's keys from ``keys_dir``."""
-    cfg, attack = dep.cfg, dep.attack
-    s, n = cfg.num_shards, cfg.num_workers
-    servers = [f"server-{k}" for k in range(s)]
+    attack = dep.attack
+    n = dep.cfg.num_workers
+    servers = dep.servers
     out: dict[str, tuple[str, dict[str, str]]] = {}
-    for k, name in enumerate(servers):
+    for name, block in servers.items():
         out[name] = ("ps-server", _environment(
-            SERVER, dep.settings(ServerOptions, SERVER, shard=k, bind=f"tcp://0.0.0.0:{PORT}",
+            SERVER, dep.settings(ServerOptions, SERVER, shard=format_shard_set(block),
+                                 bind=f"tcp://0.0.0.0:{PORT}",
                                  resume=True),  # a restarted container goes on
             SecurityOptions(keys=keys_dir),
             dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
-    for k in attack.proxy_shards:
-        out[f"proxy-{k}"] = ("ps-proxy", _environment(
+    for first in dep.proxied:
+        server = f"server-{first}"
+        # it corrupts the shards of --proxy-shards its server hosts, passes the others
+        scenario = replace(attack, proxy_shards=dep.proxy_targets(first))
+        out[f"proxy-{first}"] = ("ps-proxy", _environment(
             PROXY, dep.settings(ProxyOptions, PROXY, bind=f"tcp://0.0.0.0:{PORT}",
-                                server=endpoint(servers[k]), shard=k),
+                                server=endpoint(server),
+                                shard=format_shard_set(servers[server])),
             SecurityOptions(keys=keys_dir),
-            attack, *attack.active(attack.proxy_attack),
+            scenario, *attack.active(attack.proxy_attack),
             dep.settings(ProcessOptions, PROXY, out_dir=OUT_DIR, ready_file=READY_FILE)))
     for i in range(n):
         out[f"worker-{i}"] = ("ps-worker",
@@ -221,7 +278,7 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
     # the evaluator reads the real servers, never a proxy: it measures what they hold
     out["evaluator"] = ("ps-worker", _environment(
         EVALUATOR, dep.settings(ClientOptions, EVALUATOR, evaluate=True,
-                                servers=",".join(endpoint(h) for h in servers)),
+                                servers=",".join(map(endpoint, servers))),
         dep.settings(EvalOptions, EVALUATOR), SecurityOptions(keys=keys_dir),
         dep.settings(ProcessOptions, EVALUATOR, out_dir=OUT_DIR)))
     return out
@@ -234,6 +291,15 @@ def deployment_sizes(dep: Deployment) -> resources.Sizes:
         dep.settings(ProcessOptions, SERVER).torch_threads)
 
 
+def hosted_shards(dep: Deployment, service: str) -> int:
+    """The shards whose state the process of ``service`` holds: a server process's
+    block, or its proxy's (the process it fronts); 1 for any other service."""
+    role, _, first = service.partition("-")
+    if role in ("server", "proxy"):
+        return len(dep.servers[f"server-{first}"])
+    return 1
+
+
 def service_limits(dep: Deployment, sizes: resources.Sizes) -> dict[str, tuple[int, int]]:
     """Service -> (memory limit in bytes, pids limit), the set-up services included."""
     names = [*SETUP_SERVICES, *service_environments(dep)]
@@ -241,9 +307,28 @@ def service_limits(dep: Deployment, sizes: resources.Sizes) -> dict[str, tuple[i
     for name in names:
         role = resources.role_of(name)
         byzantine = role == "worker" and dep.attack.is_byzantine(int(name.split("-")[1]))
-        out[name] = (resources.memory_limit(role, sizes, byzantine),
+        out[name] = (resources.memory_limit(role, sizes, byzantine,
+                                            shards=hosted_shards(dep, name)),
                      resources.pids_limit(role, sizes.torch_threads))
     return out
+
+
+def keys_arguments(dep: Deployment) -> list[str]:
+    """The ``ps-keys`` arguments that write every key of the run: a proxy's key for each
+    server process with a proxy in front (named by its first shard)."""
+    proxies = ",".join(map(str, dep.proxied))
+    return ["--shards", str(dep.cfg.num_shards), "--workers", str(dep.cfg.num_workers),
+            *(["--proxies", proxies] if proxies else [])]
+
+
+def topology_text(dep: Deployment) -> str:
+    """The header's description of the servers: ``4 servers`` with one shard each, else
+    ``8 shards on 2 server processes (0-3, 4-7)``."""
+    s, blocks = dep.cfg.num_shards, dep.blocks
+    if len(blocks) == s:
+        return f"{s} servers"
+    return (f"{s} shards on {len(blocks)} server processes "
+            f"({', '.join(format_shard_set(b) for b in blocks)})")
 
 
 def runs_dir_script(dep: Deployment) -> str:
@@ -273,16 +358,14 @@ def runs_dir_script(dep: Deployment) -> str:
 def render(dep: Deployment, options: dict) -> str:
     """The compose file of ``dep`` with the given topology options."""
     cfg, attack = dep.cfg, dep.attack
-    s, n = cfg.num_shards, cfg.num_workers
+    n = cfg.num_workers
     byzantine = options["byzantine_workers"]
     sizes = deployment_sizes(dep)
     limits = service_limits(dep, sizes)
-    proxies = f" --proxies {','.join(map(str, attack.proxy_shards))}" if attack.proxy_shards \
-        else ""
     out = [
         "# GENERATED by docker/gen_compose.py from " + options["env_file"] + ": edit that file",
         "# (run configuration, attack, timeouts) and rerun the generator; see docs/docker.md.",
-        f"# Topology: {s} servers, {n} workers, proxies before shards "
+        f"# Topology: {topology_text(dep)}, {n} workers, proxies before shards "
         f"{','.join(map(str, attack.proxy_shards)) or '(none)'}"
         + (f", Byzantine workers {','.join(map(str, byzantine))} ({options['worker_attack']})"
            if byzantine else "") + ", one evaluator.",
@@ -358,15 +441,14 @@ def render(dep: Deployment, options: dict) -> str:
         "    volumes:",
         f"      - {RUNS_HOST}/keys:{KEYS_DIR}",
         f"    command: [ps-keys, --force, --dir, {ALL_KEYS_DIR}, --bundles, {KEYS_DIR}, "
-        f"--shards, '{s}', --workers, '{n}'"
-        + (f", --proxies, '{proxies.split()[-1]}'" if proxies else "") + "]",
+        + ", ".join(a if a.startswith("--") else f"'{a}'" for a in keys_arguments(dep)) + "]",
         "    depends_on:",
         "      runs-dir:",
         "        condition: service_completed_successfully",
         "",
     ]
-    servers = [f"server-{k}" for k in range(s)]
-    proxy_names = [f"proxy-{k}" for k in attack.proxy_shards]
+    servers = list(dep.servers)
+    proxy_names = [f"proxy-{k}" for k in dep.proxied]
     depends = {"server": ["keys"], "proxy": None, "worker": servers + proxy_names,
                "evaluator": servers}
     anchors: dict[tuple[str, ...], str] = {}
@@ -446,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"compose file to write (default {DEFAULT_OUTPUT})")
     parser.add_argument("--workers", "-n", type=int, help="set PS_WORKERS in the env file first")
     parser.add_argument("--shards", "-S", type=int, help="set PS_SHARDS in the env file first")
+    parser.add_argument("--server-processes", "-P", type=int,
+                        help=f"set {SERVER_PROCESSES.env} in the env file first (the server "
+                        "processes the S shards are spread over, 1..S)")
     parser.add_argument("--check", action="store_true",
                         help="do not write: exit 1 if the compose file differs from what "
                         "its recorded options and the env file give")
@@ -478,16 +563,16 @@ def check_or_write(args: argparse.Namespace, dep: Deployment, options: dict[str,
                    text: str, script: str) -> int:
     """Write ``text`` to ``args.output``, or with ``--check`` exit 1 if it holds other text."""
     output = ROOT / args.output
-    s, n = dep.cfg.num_shards, dep.cfg.num_workers
+    servers, n = topology_text(dep), dep.cfg.num_workers
     if args.check:
         if output.read_text(encoding="utf-8") != text:
             print(f"{args.output} is stale: it differs from what {options['env_file']} "
                   f"gives now; rerun: {command_for(options, script)}", file=sys.stderr)
             return 1
-        print(f"{args.output} is up to date ({s} servers, {n} workers)")
+        print(f"{args.output} is up to date ({servers}, {n} workers)")
         return 0
     output.write_text(text, encoding="utf-8")
-    print(f"wrote {args.output}: {s} servers, {n} workers, "
+    print(f"wrote {args.output}: {servers}, {n} workers, "
           f"proxies before {list(dep.attack.proxy_shards) or 'no shard'}, "
           f"Byzantine workers {options['byzantine_workers'] or 'none'}")
     return 0
@@ -498,11 +583,17 @@ def _generate(args: argparse.Namespace) -> int:
     if options is None:
         return 1
     env_path = ROOT / options["env_file"]
-    if not args.check and (args.workers is not None or args.shards is not None):
-        updates = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards}
-        for key, value in updates.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
-        set_env_values(env_path, {k: v for k, v in updates.items() if v is not None})
-    dep = deployment(read_env(env_path), options)
+    env = read_env(env_path)
+    updates: dict[str, int] = {}
+    if not args.check:
+        given = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards,
+                 SERVER_PROCESSES.env: args.server_processes}
+        updates = {k: v for k, v in given.items() if v is not None}
+    for key, value in updates.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    env = {**env, **{k: str(v) for k, v in updates.items()}}
+    dep = deployment(env, options)  # a refused topology leaves the env file as it was
+    if updates:
+        set_env_values(env_path, updates)
     return check_or_write(args, dep, options, render(dep, options), SCRIPT)

@@ -7,20 +7,25 @@ formula once.
 **Memory** (:func:`memory_limit`): an estimate of what the role's process holds, times
 ``HEADROOM``, plus the ``/tmp`` tmpfs (its pages are charged to the container), rounded
 up to ``ROUND`` (64 MiB). With f = 4 bytes (float32), d the model's parameters, S shards,
-d_s = ceil(d / S) the largest shard, n workers and R = ``PS_REPLAY_ROUNDS``:
+d_s = ceil(d / S) the largest shard, k the shards a server process hosts (its block of
+``PS_SERVER_PROCESSES``: about S / P of them, 1 when P = S), D = k * d_s the values it holds
+per vector, n workers and R = ``PS_REPLAY_ROUNDS``:
 
 * ``server``: ``BASE_TORCH`` (the interpreter with torch, numba/llvmlite, numpy,
-  pyzmq) + f * d_s * (6 n + 8): the round's (n, d_s) gradient matrix; the rule's scratch
-  (a sorted copy, a pre-aggregator's output: 2 n d_s); inbound buffering (the pushes of
-  the current and the next round as received messages: 2 n d_s); the PARAMS replies
-  queued for the n workers and the evaluator (about n d_s); and 8 vectors of d_s: the
+  pyzmq) + f * D * (6 n + 8): per hosted shard, the round's (n, d_s) gradient matrix;
+  the rule's scratch (a sorted copy, a pre-aggregator's output: 2 n d_s; the shards step
+  one after the other, so this counts k - 1 shards' scratch more than a process holds
+  at once: a margin); inbound buffering (the pushes of the current and the next round
+  as received messages, each carrying all k shards: 2 n D); the PARAMS replies queued
+  for the n workers and the evaluator (about n D); and 8 vectors per shard: the
   parameters, the previous ones and a stateful rule's state (kept parameter history),
   the copy handed to the checkpoint writer and one spare (the writer hashes and
-  writes the arrays where they are);
-* ``proxy``: ``BASE_PROXY`` (numpy and pyzmq, no torch) + f * d_s * (5 n + 4): the
-  pushes of the current and the next round it holds (2 n), a whole round copied for the
-  attacks that read the honest vectors (n), the PARAMS replies it relays (n + 1) and the
-  corruption's scratch;
+  writes the arrays where they are). A process of k shards is so counted as one
+  shard of k * d_s values;
+* ``proxy``: ``BASE_PROXY`` (numpy and pyzmq, no torch) + f * D * (5 n + 4), D its
+  server process's: the pushes of the current and the next round it holds (2 n), a
+  whole round copied for the attacks that read the honest vectors (n), the PARAMS
+  replies it relays (n + 1) and the corruption's scratch;
 * ``worker``: ``BASE_TORCH`` + the dataset (every sample decoded to float32, plus its
   raw bytes while decoding) + f * d * (R + 8): the gradients kept to replay (R d), the
   flat parameters and gradients, the assembled PARAMS, the worker momentum, the pushes
@@ -90,7 +95,8 @@ LOG_OPTIONS = {"max-size": LOG_MAX_SIZE, "max-file": str(LOG_MAX_FILE)}
 
 @dataclass(frozen=True)
 class Sizes:
-    """What the limits depend on: n, d, S, the dataset, the replay window, threads."""
+    """What the limits depend on: n, d, S, the dataset, the replay window, threads (and,
+    per server process, the shards it hosts: the ``shards`` of :func:`memory_limit`)."""
 
     num_workers: int
     num_params: int
@@ -105,6 +111,11 @@ class Sizes:
         """d_s: the largest shard (``common.sharding.shard_ranges`` gives the first shards
         the extra values)."""
         return -(-self.num_params // self.num_shards)
+
+    def process_params(self, shards: int = 1) -> int:
+        """D: the values a server process hosting ``shards`` shards holds per vector (at
+        most ``shards`` times the largest shard)."""
+        return shards * self.shard_params
 
     @property
     def dataset_bytes(self) -> int:
@@ -137,13 +148,15 @@ def role_of(service: str) -> str:
     return role if role in THREADS else "setup"
 
 
-def memory_estimate(role: str, sizes: Sizes, byzantine: bool = False) -> int:
-    """Bytes the process of ``role`` holds at its peak (before headroom); see the module."""
-    f, n, d, d_s = FLOAT_BYTES, sizes.num_workers, sizes.num_params, sizes.shard_params
+def memory_estimate(role: str, sizes: Sizes, byzantine: bool = False, shards: int = 1) -> int:
+    """Bytes the process of ``role`` holds at its peak (before headroom); see the module.
+    ``shards``: the shards a server process hosts (for a proxy: the process it fronts)."""
+    f, n, d = FLOAT_BYTES, sizes.num_workers, sizes.num_params
+    hosted = sizes.process_params(shards)
     if role == "server":
-        return BASE_TORCH + f * d_s * (6 * n + 8)
+        return BASE_TORCH + f * hosted * (6 * n + 8)
     if role == "proxy":
-        return BASE_PROXY + f * d_s * (5 * n + 4)
+        return BASE_PROXY + f * hosted * (5 * n + 4)
     if role == "worker":
         return (BASE_TORCH + sizes.dataset_bytes
                 + f * d * (sizes.replay_rounds + 8 + (n if byzantine else 0)))
@@ -152,10 +165,10 @@ def memory_estimate(role: str, sizes: Sizes, byzantine: bool = False) -> int:
     return BASE_SETUP
 
 
-def memory_limit(role: str, sizes: Sizes, byzantine: bool = False) -> int:
+def memory_limit(role: str, sizes: Sizes, byzantine: bool = False, shards: int = 1) -> int:
     """The container's memory limit in bytes: ``HEADROOM`` times the estimate, plus the
     tmpfs, rounded up to ``ROUND``."""
-    need = HEADROOM * memory_estimate(role, sizes, byzantine) + TMPFS_BYTES
+    need = HEADROOM * memory_estimate(role, sizes, byzantine, shards) + TMPFS_BYTES
     return math.ceil(need / ROUND) * ROUND
 
 

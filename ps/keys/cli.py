@@ -75,12 +75,14 @@ def _ids(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int,
 @click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
               help="Directory to write the keys into (created mode 0700).")
 @click.option("--shards", "num_shards", required=True, type=click.IntRange(min=1),
-              help="Number of servers S: keys server-0 .. server-<S-1>.")
+              help="Number of shards S: keys server-0 .. server-<S-1> (a server process "
+                   "hosting several shards uses the key of its first shard).")
 @click.option("--workers", "num_workers", required=True, type=click.IntRange(min=1),
               help="Number of workers n: keys worker-0 .. worker-<n-1>.")
 @click.option("--proxies", default="", callback=_ids, metavar="IDS",
-              help="Shards fronted by a man-in-the-middle ps-proxy (a test tool): keys "
-                   "proxy-<s>, which the servers trust to relay. Never for a deployment.")
+              help="Server processes (by their first shard) fronted by a man-in-the-middle "
+                   "ps-proxy (a test tool): keys proxy-<s>, which those servers trust to "
+                   "relay. Never for a deployment.")
 @click.option("--bundles", type=click.Path(path_type=Path), default=None,
               help="Also write BUNDLES/<identity>/ for every identity, holding exactly the "
                    "key files its process loads (its own .key_secret, the public keys it "

@@ -18,6 +18,7 @@ from common.keys import SecurityOptions
 from common.metrics import read_jsonl
 from common.process import ProcessOptions, pin_torch_threads, run_process
 from common.settings import take
+from common.sharding import format_shard_set
 from ps.commands import COMMANDS
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
@@ -74,14 +75,24 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     if spec.cluster.resume is not None:  # the run's settings; this command's own options
         values, process = saved_values(spec.cluster.resume)
         saved = spec_from(values, process)
+        if saved.cluster.server_processes is None:  # a run from before server processes:
+            saved = replace(saved, cluster=replace(  # one per shard, as it ran
+                saved.cluster, server_processes=saved.cfg.num_shards))
         own = {name: getattr(spec.cluster, name) for name in RESUME_OWN_OPTIONS}
         spec = resumable_spec(replace(saved, cluster=replace(saved.cluster, **own),
                                       security=resumed_security(saved.security,
                                                                 spec.security)))
     cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
     evaluator = not spec.cluster.no_evaluator
-    proxies = f", {len(attack.proxy_shards)} proxy" if attack.proxy_attack != "none" else ""
-    click.echo(f"starting {cfg.num_shards} servers, {cfg.num_workers} workers{proxies}"
+    blocks = spec.cluster.blocks(cfg.num_shards)
+    proxied = [b for b in blocks if set(b) & set(attack.proxy_shards)]
+    proxies = (f", {len(proxied)} prox{'y' if len(proxied) == 1 else 'ies'} (corrupting "
+               f"shard{'s' if len(attack.proxy_shards) > 1 else ''} "
+               f"{format_shard_set(attack.proxy_shards)})"
+               if attack.proxy_attack != "none" else "")
+    servers = (f"{cfg.num_shards} servers" if len(blocks) == cfg.num_shards else
+               f"{cfg.num_shards} shards on {len(blocks)} server processes")
+    click.echo(f"starting {servers}, {cfg.num_workers} workers{proxies}"
                f"{', evaluator' if evaluator else ''}; rule {cfg.rule} (q={cfg.q}); "
                f"output in {out}", err=True)
     display = ProgressLine(cfg.rounds)

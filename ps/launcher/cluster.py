@@ -1,4 +1,6 @@
-"""A whole cluster as local processes: S servers, proxies, n workers, the evaluator.
+"""A whole cluster as local processes: the server processes (S shards spread over
+``--server-processes``, each process named after its first shard), proxies, n workers,
+the evaluator.
 
 Servers bind free loopback ports (``tcp://HOST:*``) and write the endpoint
 they got to a ready file; the launcher waits for those files (with a
@@ -36,6 +38,7 @@ from common.errors import ClusterTimeout, ConfigError
 from common.keys import SecurityOptions, create_keys
 from common.process import ProcessOptions, check_stop
 from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER
+from common.sharding import format_shard_set
 from ps.launcher.argv import child_argv
 from ps.launcher.forked import ForkedProcess, prepare
 from ps.launcher.options import ClusterOptions
@@ -89,6 +92,8 @@ class Cluster:
         self.security = spec.security
         self.endpoints: dict[str, str] = {}  # where each server and proxy listens
         self.modules: dict[str, str] = {}
+        # the shards of each server process, by its name's number (its first shard)
+        self.blocks = {block[0]: block for block in spec.cluster.blocks(spec.cfg.num_shards)}
         self.supervisor = Supervisor(self.processes, self._respawn, spec.cluster,
                                      quorum=spec.server.rows_needed(spec.cfg))
         self.report = RunReport(self.out, spec.cfg.rounds)
@@ -115,7 +120,7 @@ class Cluster:
             self._write_partition()
             servers = self._start_servers()
             report.mark("servers_ready_s")
-            fronts = self._start_proxies(servers)
+            fronts = self._start_proxies()
             self._start_workers(fronts)
             if not self.spec.cluster.no_evaluator:
                 self._start_evaluator(servers)
@@ -124,7 +129,8 @@ class Cluster:
                              lambda: on_progress(self.progress()))
             stop_all(self.processes)
             # each shard's checkpoint, checked with its server's key (unkeyed: --insecure)
-            params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"))
+            params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"),
+                                      len(self.blocks))
             return report.finished(params, supervisor.restarts, supervisor.lost)
         except BaseException as exc:
             stop_all(self.processes)
@@ -148,13 +154,13 @@ class Cluster:
 
     def _keys(self) -> SecurityOptions:
         """What the children use: the given keys, none (--insecure), or keys generated
-        for this run in ``<out-dir>/keys`` (a proxy key only for the shards fronted; a
-        resumed run is given the keys it had, ``resumable_spec``)."""
+        for this run in ``<out-dir>/keys`` (a proxy key only for the server processes
+        fronted; a resumed run is given the keys it had, ``resumable_spec``)."""
         given = self.spec.security
         if given.insecure or given.keys is not None:
             return given
-        attack, cfg = self.spec.attack, self.spec.cfg
-        proxies = attack.proxy_shards if attack.proxy_attack != "none" else ()
+        cfg = self.spec.cfg
+        proxies = self._proxied()
         directory = self.out / "keys"
         create_keys(directory, cfg.num_shards, cfg.num_workers, proxies, force=True)
         return SecurityOptions(keys=directory)
@@ -175,14 +181,13 @@ class Cluster:
             args = self.server_argv(int(number), None, bind=self.endpoints[old.name],
                                     resume=True)
         elif role == "proxy":
-            shard = int(number)
-            args = self.proxy_argv(shard, self.endpoints[f"server-{shard}"], None,
+            first = int(number)
+            args = self.proxy_argv(first, self.endpoints[f"server-{first}"], None,
                                    bind=self.endpoints[old.name])
         elif role == "worker":
             args = self.worker_argv(int(number), self._fronts())
         else:
-            args = self.evaluator_argv([self.endpoints[f"server-{s}"]
-                                        for s in range(self.spec.cfg.num_shards)])
+            args = self.evaluator_argv([self.endpoints[f"server-{k}"] for k in self.blocks])
         process = self._new_process(old.name, self.modules[old.name], args, old.log_path)
         process.start()
         return process
@@ -196,9 +201,17 @@ class Cluster:
                     log_path=log_path, env=CHILD_ENV)
 
     def _fronts(self) -> list[str]:
-        """The endpoint of each shard that workers use (its proxy's, if it has one)."""
-        return [self.endpoints.get(f"proxy-{s}", self.endpoints[f"server-{s}"])
-                for s in range(self.spec.cfg.num_shards)]
+        """The endpoint of each server process that workers use (its proxy's, if it has
+        one), in shard order."""
+        return [self.endpoints.get(f"proxy-{k}", self.endpoints[f"server-{k}"])
+                for k in self.blocks]
+
+    def _proxied(self) -> list[int]:
+        """The server processes (by first shard) hosting a shard a proxy corrupts."""
+        attack = self.spec.attack
+        if attack.proxy_attack == "none":
+            return []
+        return [k for k, block in self.blocks.items() if set(block) & set(attack.proxy_shards)]
 
     def _process(self, name: str, ready_file: Path | None = None) -> ProcessOptions:
         """Process ``name``'s settings: the run's output directory, its ready file, and
@@ -207,28 +220,34 @@ class Cluster:
                        log_file=self.logs / f"{name}.log")
 
     def command_argv(self) -> list[str]:
-        """The ``ps-cluster`` flags that start this run again (what ``--resume`` reads)."""
+        """The ``ps-cluster`` flags that start this run again (what ``--resume`` reads),
+        with the server processes it ran (their keys sign the checkpoints: a resumed run
+        must spread the shards the same way, whatever the default where it resumes)."""
         spec, attack = self.spec, self.spec.attack
+        cluster = replace(spec.cluster, resume=None, server_processes=len(self.blocks))
         return child_argv(CLUSTER, spec.cfg, attack, *attack.params.values(), spec.client,
-                          spec.evaluation, replace(spec.cluster, resume=None),
+                          spec.evaluation, cluster,
                           replace(spec.server, resume=False), spec.security, spec.process)
 
-    def server_argv(self, shard: int, ready_file: Path | None, bind: str | None = None,
+    def server_argv(self, first: int, ready_file: Path | None, bind: str | None = None,
                     resume: bool = False) -> list[str]:
-        options = replace(self.spec.server, shard=shard,
+        """Server process ``server-<first>``'s flags (its shards: ``--shard 0-4``)."""
+        options = replace(self.spec.server, shard=format_shard_set(self.blocks[first]),
                           bind=bind or f"tcp://{self.spec.cluster.host}:*",
                           resume=resume or self.spec.server.resume)
         return child_argv(SERVER, options, self.spec.cfg, self.security,
-                          self._process(f"server-{shard}", ready_file))
+                          self._process(f"server-{first}", ready_file))
 
-    def proxy_argv(self, shard: int, server: str, ready_file: Path | None,
+    def proxy_argv(self, first: int, server: str, ready_file: Path | None,
                    bind: str | None = None) -> list[str]:
+        """The flags of the proxy in front of server process ``server-<first>`` (it
+        corrupts the shards of ``--proxy-shards`` that the process hosts)."""
         attack = self.spec.attack
         options = ProxyOptions(bind=bind or f"tcp://{self.spec.cluster.host}:*", server=server,
-                               shard=shard)
+                               shard=format_shard_set(self.blocks[first]))
         return child_argv(PROXY, options, attack, *attack.active(attack.proxy_attack),
                           self.spec.cfg, self.security,
-                          self._process(f"proxy-{shard}", ready_file))
+                          self._process(f"proxy-{first}", ready_file))
 
     def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
         attack = self.spec.attack
@@ -244,31 +263,29 @@ class Cluster:
 
     def _start_servers(self) -> list[str]:
         ready = []
-        for s in range(self.spec.cfg.num_shards):
-            ready_file = self.run_dir / f"server-{s}.endpoint"
+        for k in self.blocks:
+            ready_file = self.run_dir / f"server-{k}.endpoint"
             ready_file.unlink(missing_ok=True)
-            self._child(f"server-{s}", "server.cli", self.server_argv(s, ready_file))
+            self._child(f"server-{k}", "server.cli", self.server_argv(k, ready_file))
             ready.append(ready_file)
         endpoints = self._await_endpoints(ready)
-        self.endpoints.update({f"server-{s}": e for s, e in enumerate(endpoints)})
+        self.endpoints.update({f"server-{k}": e for k, e in zip(self.blocks, endpoints,
+                                                                  strict=True)})
         return endpoints
 
-    def _start_proxies(self, servers: list[str]) -> list[str]:
-        """Endpoints the workers use: the proxy's for fronted shards, else the server's."""
-        attack = self.spec.attack
-        fronts = list(servers)
-        if attack.proxy_attack == "none":
-            return fronts
+    def _start_proxies(self) -> list[str]:
+        """Endpoints the workers use: the proxy's for fronted server processes, else the
+        server's."""
         ready = {}
-        for s in attack.proxy_shards:
-            ready_file = self.run_dir / f"proxy-{s}.endpoint"
+        for k in self._proxied():
+            ready_file = self.run_dir / f"proxy-{k}.endpoint"
             ready_file.unlink(missing_ok=True)
-            self._child(f"proxy-{s}", "ps.proxy.cli", self.proxy_argv(s, servers[s], ready_file))
-            ready[s] = ready_file
-        for s, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
-            fronts[s] = endpoint
-            self.endpoints[f"proxy-{s}"] = endpoint
-        return fronts
+            self._child(f"proxy-{k}", "ps.proxy.cli",
+                        self.proxy_argv(k, self.endpoints[f"server-{k}"], ready_file))
+            ready[k] = ready_file
+        for k, endpoint in zip(ready, self._await_endpoints(list(ready.values())), strict=True):
+            self.endpoints[f"proxy-{k}"] = endpoint
+        return self._fronts()
 
     def _start_workers(self, endpoints: list[str]) -> None:
         for i in range(self.spec.cfg.num_workers):
@@ -295,8 +312,11 @@ class Cluster:
 def check_launchable(spec: ClusterSpec) -> None:
     """``ConfigError`` for settings the processes would refuse, before starting any."""
     spec.server.check(spec.cfg)
+    spec.cluster.blocks(spec.cfg.num_shards)
     if spec.cluster.max_restarts > 0:
-        check_replayable(spec.server.checkpoint_every, spec.client.replay_rounds)
+        several = any(len(block) > 1 for block in spec.cluster.blocks(spec.cfg.num_shards))
+        check_replayable(spec.server.checkpoint_every, spec.client.replay_rounds,
+                         generations=2 if several else 1)
     attack = spec.attack
     if spec.server.round_timeout_s is not None and attack.proxy_holds_rounds:
         raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "
@@ -307,13 +327,20 @@ def check_launchable(spec: ClusterSpec) -> None:
 
 def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     """The spec that continues the run in ``spec.cluster.resume``: its own settings,
-    its servers resuming from their checkpoints; ``ConfigError`` if it cannot.
+    its server processes resuming from their checkpoints (each at the newest round all
+    its shards have); ``ConfigError`` if it cannot.
 
     A run whose keys the launcher generated (``<out-dir>/keys``) continues with those
     keys, not new ones: its servers resume only checkpoints tagged with their own key.
     Each checkpoint is checked here as its server will check it (``CheckpointError``
     naming the file), its size too: the shard's, counted from the run's model."""
-    from server.checkpoint import checkpoint_path, read_run_checkpoint
+    from server.checkpoint import (
+        GroupFiles,
+        checkpoint_path,
+        expected_checkpoint,
+        model_size,
+        server_mac_key,
+    )
 
     out = spec.out_dir
     cfg = spec.cfg
@@ -326,8 +353,13 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
                               f"with --insecure; its checkpoints carry no key)")
         security = replace(security, keys=out / "keys")
     keys = security.ring("ps-cluster --resume") if present else None
-    rounds = {s: read_run_checkpoint(out, cfg, s, keys, finite=True).round
-              if s in present else 0 for s in range(cfg.num_shards)}
+    d = model_size(cfg) if present else 0
+    rounds = {}
+    for block in spec.cluster.blocks(cfg.num_shards):  # each process, as it will resume
+        files = GroupFiles(out, block, {s: server_mac_key(keys, s, block[0]) for s in block})
+        ckpts = files.load({s: expected_checkpoint(cfg, s, finite=True, d=d)
+                            for s in block}) if present else None
+        rounds.update({s: ckpts[0].round if ckpts else 0 for s in block})
     if max(rounds.values()) - min(rounds.values()) > 1:
         raise ConfigError(f"cannot resume {out}: the shards' checkpoints are at rounds "
                           f"{rounds}, more than one round apart (the servers were not stopped "

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.settings import CLUSTER, setting
+from common.sharding import ShardSet, server_blocks
+
+
+def local_cores() -> int:
+    """The cores this process may run on (its affinity: a container's CPU set too)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,21 @@ class ClusterOptions:
                          "python -m server.cli / ps.proxy.cli / worker.cli with its flags, "
                          "as a deployment starts them one by one.", roles=(CLUSTER,),
                          choices=("fork", "exec"))
+    server_processes: int | None = setting(
+        None, "Spread the S shards over this many server processes (contiguous blocks, "
+        "each process named after its first shard: server-0, server-5, ...; a worker "
+        "sends each one message per round for all its shards). Default: min(S, the "
+        "cores here), the fastest measured (scripts/bench_cluster.py: on 2 cores, S=4 "
+        "on 2 processes beat 1 and 4). The results are the same for every P.",
+        roles=(CLUSTER,), minimum=1)
     resume: Path | None = setting(None, "Continue the interrupted run in this output "
                                   "directory from its checkpoints, with the run settings it "
                                   "was started with (only ps-cluster's own options, such as "
                                   "--verify and --max-restarts, are taken from this command).",
                                   roles=(CLUSTER,))
+
+    def blocks(self, num_shards: int, default: int | None = None) -> list[ShardSet]:
+        """The shards of each server process (``ConfigError`` for more than S); without
+        ``--server-processes``, min(S, ``default``), by default the cores here."""
+        processes = self.server_processes or min(num_shards, default or local_cores())
+        return server_blocks(num_shards, processes)

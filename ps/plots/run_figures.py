@@ -50,11 +50,18 @@ def read_rounds(path: Path, field: str) -> list[dict[str, Any]]:
 
 
 def metrics_file(run_dir: Path, name: str) -> Path:
-    """``run_dir/<name>.jsonl``, or ``run_dir/<name>/<name>.jsonl`` (a compose run's
-    per-service directories) when only that one exists."""
+    """``run_dir/<name>.jsonl``, or when only a service directory holds it (a compose
+    run's per-service directories) ``run_dir/<name>/<name>.jsonl``, or the one in the
+    directory of the server process that hosted it (``server-0/server-1.jsonl``)."""
     flat = run_dir / f"{name}.jsonl"
+    if flat.exists():
+        return flat
     nested = run_dir / name / f"{name}.jsonl"
-    return nested if not flat.exists() and nested.exists() else flat
+    if nested.exists():
+        return nested
+    prefix = name.split("-", 1)[0]
+    hosted = sorted(run_dir.glob(f"{prefix}-*/{name}.jsonl"))
+    return hosted[0] if hosted else flat
 
 
 def numbered(run_dir: Path, prefix: str) -> dict[int, Path]:

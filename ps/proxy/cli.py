@@ -1,4 +1,4 @@
-"""``ps-proxy``: the man-in-the-middle process in front of one server."""
+"""``ps-proxy``: the man-in-the-middle process in front of one server process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import take
+from common.sharding import parse_shard_set
 from ps.commands import COMMANDS
 from ps.proxy.options import ProxyOptions
 
@@ -23,26 +24,35 @@ def build_command() -> click.Command:
 
     @settings_command(COMMAND)
     def main(**values: Any) -> None:
-        """Relay between the workers and one server, corrupting values in flight.
+        """Relay between the workers and one server process, corrupting values in flight.
 
         Workers connect to --bind instead of the server; the proxy forwards every
         request to --server and every reply back, corrupting PUSH payloads (and,
-        with --corrupt-params, PARAMS replies) per --proxy-attack.
+        with --corrupt-params, PARAMS replies) per --proxy-attack, on the server's
+        shards in --proxy-shards (default: all it hosts), passing the others untouched.
         """
         roles = COMMAND.roles
         process = take(ProcessOptions, values, roles)
 
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
-            # the proxy's shard is learnt from the server; ids are checked against S
-            attack = AttackConfig.build(values, roles, proxy_shards=(0,)).validate(cfg)
+            # the server's shards are learnt from it; it corrupts those in --proxy-shards
+            # (all, if none given); ids are checked against S
+            attack = AttackConfig.build(values, roles)
+            targets = attack.proxy_shards or None
+            attack = attack.validate(cfg)
             options = take(ProxyOptions, values, roles)
+            if options.shard is not None:
+                try:
+                    parse_shard_set(options.shard, cfg.num_shards)
+                except ConfigError as exc:
+                    raise ConfigError(f"--shard: {exc}") from None
             keys = take(SecurityOptions, values, roles).ring(COMMAND.name)
             if keys is not None and options.shard is None:
                 raise ConfigError("ps-proxy with --keys needs --shard (whose keys to use)")
             from ps.proxy.node import relay
 
-            relay(cfg, attack, options, process, keys)
+            relay(cfg, attack, options, process, keys, targets)
 
         run_process("proxy", process, start)
 

@@ -4,7 +4,8 @@
 message and return what to send on, to the server or back to a worker. The core owns:
 
 * the corruption of PUSH payloads (and, with ``corrupt_params``, PARAMS replies) by a
-  ``ShardCorruptor``;
+  ``ServerCorruptor``: the server process's shards it targets, each by its own
+  ``ShardCorruptor``, the others untouched;
 * the pushes held until their whole round is in, when the attack reads the honest
   vectors (omniscient and the other vector attacks but gaussian);
 * which worker each reply goes to (a PULL or ``pull_next`` push names it), so PARAMS
@@ -59,7 +60,8 @@ from common.protocol import (
     join_envelope,
 )
 from common.pushes import PushWindow, check_push
-from ps.proxy.corruption import ShardCorruptor
+from common.sharding import ServerSlices, format_shard_set
+from ps.proxy.corruption import ServerCorruptor
 from server.sessions import check_claim
 
 if TYPE_CHECKING:
@@ -104,22 +106,28 @@ class _Tables:
 
 
 class ProxyCore:
-    """In-flight corruption for the shard that ``welcome`` describes."""
+    """In-flight corruption in front of the server process that ``welcome`` describes,
+    on its shards in ``targets`` (None: all of them)."""
 
     def __init__(self, cfg: RunConfig, attack: AttackConfig, welcome: Welcome,
                  metrics: JsonlWriter | None = None,
-                 on_bar: Callable[[Identity, str], object] | None = None) -> None:
+                 on_bar: Callable[[Identity, str], object] | None = None,
+                 targets: tuple[int, ...] | None = None) -> None:
         self.cfg = cfg
         self.attack = attack
-        self.corruptor = ShardCorruptor(cfg, attack, welcome.shard, welcome.start, welcome.stop)
-        self.shard_size = welcome.stop - welcome.start
+        slices = ServerSlices.of(welcome.d, cfg.num_shards, welcome.shards)
+        self.targets = slices.shards if targets is None else tuple(
+            s for s in slices.shards if s in targets)
+        self.corruptor = ServerCorruptor(cfg, attack, slices, self.targets)
+        self.length = slices.length
+        self.name = format_shard_set(slices.shards)
         self.metrics = metrics or JsonlWriter(None)
         self.tables = _Tables()
         self.counters: Counter[str] = Counter()
         self.round = welcome.round  # the server's current round, as far as replies tell
         self.final_acks = 0
         self.last_round_replied: float | None = None  # when a reply of the last round came
-        self.shard = welcome.shard
+        self.first = slices.shards[0]  # the server process's name (its first shard)
         self.peers = PeerPolicy(self.counters, log, on_bar)
         # what a message of each type becomes (any other: relayed as it is)
         self._from_worker: dict[type[Header], Callable[[Incoming, Message], list[Outgoing]]] = {
@@ -156,7 +164,7 @@ class ProxyCore:
                     self.peers.bar(identity, f"sent a {incoming.error}")
                     return []
                 raise Refused(code, str(error))
-            check_claim(identity, msg.header, len(incoming.envelope), self.shard)
+            check_claim(identity, msg.header, len(incoming.envelope), self.first)
             handler = self._from_worker.get(type(msg.header))
             if handler is not None:
                 return handler(incoming, msg)
@@ -191,7 +199,7 @@ class ProxyCore:
         """Refuse, as the server would, a push it cannot accept (a push of the round after
         the last as FINISHED, the server's answer once it finished); and rounds the proxy
         would have to hold beyond the next one."""
-        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.shard_size,
+        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.length,
                             current=self.round, oldest=0, newest=self.round + 1)
         check_push(window, push.round, push.worker, push.length,
                    finished=push.round == self.cfg.rounds)

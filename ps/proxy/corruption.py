@@ -1,4 +1,5 @@
-"""What the man-in-the-middle does to the traffic of one shard (no sockets).
+"""What the man-in-the-middle does to the traffic of one shard, and of the shards of one
+server process (no sockets).
 
 The proxy's core (``ps/proxy/core.py``) and the reference engine
 (``ps/reference/engine.py``) call the same methods, and every random draw comes from a
@@ -15,10 +16,13 @@ module's business (``common/attacks/``); here is only where it strikes:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from common.attacks import Site, ValueAttack
 from common.config import AttackConfig, RunConfig
+from common.sharding import ServerSlices
 
 
 class ShardCorruptor:
@@ -72,3 +76,57 @@ class ShardCorruptor:
     def _site(self, round_: int, worker: int, what: str) -> Site:
         return Site(seed=self.cfg.seed, round=round_, worker=worker, shard=self.shard,
                     start=self.start, num_workers=self.cfg.num_workers, what=what)
+
+
+class ServerCorruptor:
+    """What the proxy in front of a server process does: each shard of ``slices`` in
+    ``targets`` is corrupted by its own ``ShardCorruptor`` (its own random streams,
+    exactly as a shard alone behind its proxy); the others pass through untouched. The
+    methods take and return a message's whole payload (the shards' slices, concatenated
+    in shard order)."""
+
+    def __init__(self, cfg: RunConfig, attack: AttackConfig, slices: ServerSlices,
+                 targets: Sequence[int]) -> None:
+        self.attack = attack
+        self.parts = [(offset, b - a, ShardCorruptor(cfg, attack, s, a, b))
+                      for s, (a, b), offset in zip(slices.shards, slices.ranges,
+                                                   slices.offsets, strict=True)
+                      if s in targets]
+
+    @property
+    def whole_round(self) -> bool:
+        """True when the pushes of a round must all be seen before any is forwarded."""
+        return self.attack.proxy_holds_rounds
+
+    def corrupt_push(self, round_: int, worker: int, values: np.ndarray) -> tuple[np.ndarray, int]:
+        """(payload to forward, number of values changed) for one push."""
+        return self._each(values, lambda c, part: c.corrupt_push(round_, worker, part))
+
+    def corrupt_params(self, round_: int, worker: int,
+                       values: np.ndarray) -> tuple[np.ndarray, int]:
+        """PARAMS reply to ``worker`` (-1: the evaluator, never corrupted)."""
+        return self._each(values, lambda c, part: c.corrupt_params(round_, worker, part))
+
+    def corrupt_round(self, round_: int, pushes: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+        """Replace the victims' slices of the targeted shards in ``pushes`` (payloads
+        ordered by worker id, changed in place) with forged ones."""
+        changed = 0
+        for offset, size, corruptor in self.parts:
+            forged, count = corruptor.corrupt_round(
+                round_, [p[offset:offset + size] for p in pushes])
+            for push, part in zip(pushes, forged, strict=True):
+                push[offset:offset + size] = part
+            changed += count
+        return pushes, changed
+
+    def _each(self, values: np.ndarray, corrupt: Callable[[ShardCorruptor, np.ndarray],
+              tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+        out, changed = values, 0
+        for offset, size, corruptor in self.parts:
+            part, count = corrupt(corruptor, values[offset:offset + size])
+            if count:
+                if out is values:
+                    out = np.array(values, copy=True)
+                out[offset:offset + size] = part
+                changed += count
+        return out, changed

@@ -18,6 +18,7 @@ from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.protocol import Hello, Welcome, encode
+from common.sharding import format_shard_set, parse_shard_set
 from common.transport import (
     LINGER_MS,
     Listener,
@@ -38,7 +39,7 @@ HANDSHAKE_RETRY_S = 1.0
 
 
 def handshake(back: zmq.Socket, cfg: RunConfig, options: ProxyOptions) -> Welcome:
-    """HELLO the server (as role 'proxy') until it answers; learn the shard's range."""
+    """HELLO the server (as role 'proxy') until it answers; learn its shards."""
     hello = encode(Hello(role="proxy", worker=-1, config_hash=cfg.config_hash,
                          config=cfg.to_dict()))
     deadline = time.monotonic() + options.connect_timeout_s
@@ -59,31 +60,43 @@ def handshake(back: zmq.Socket, cfg: RunConfig, options: ProxyOptions) -> Welcom
 
 
 def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
-          process: ProcessOptions, keys: KeyRing | None) -> None:
-    """Relay until stopped, or until the n ACKs of the last round went back.
+          process: ProcessOptions, keys: KeyRing | None,
+          targets: tuple[int, ...] | None = None) -> None:
+    """Relay until stopped, or until the n ACKs of the last round went back, corrupting
+    the server's shards in ``targets`` (None: all it hosts).
 
-    With ``keys`` the proxy connects with the key ``proxy-<s>`` (which the server of shard
-    s, and no other, trusts to relay) and presents the server's own key to the workers,
-    admitting the workers' keys only: a man in the middle works only because the test
-    handed it both.
+    With ``keys`` the proxy connects with the key ``proxy-<first>`` (which the server
+    process named by its first shard, and no other, trusts to relay) and presents the
+    server's own key to the workers, admitting the workers' keys only: a man in the
+    middle works only because the test handed it both.
     """
     ctx = zmq.Context.instance()
-    shard = options.shard
+    expected = parse_shard_set(options.shard, cfg.num_shards) if options.shard else None
+    first = expected[0] if expected else None
     back = connect_dealer(ctx, options.server,
-                          curve=keys.client_curve(f"proxy-{shard}", shard) if keys else None)
+                          curve=keys.client_curve(f"proxy-{first}", first) if keys else None)
     front = None
     try:
         welcome = handshake(back, cfg, options)
+        hosted = tuple(welcome.shards)
+        if expected is not None and hosted != expected:
+            raise ConfigError(f"{options.server} serves shards {format_shard_set(hosted)}, "
+                              f"not --shard {options.shard}")
+        if targets is None and len(hosted) > 1:
+            raise ConfigError(f"{options.server} hosts shards {format_shard_set(hosted)}: name "
+                              f"the ones this proxy corrupts with --proxy-shards (the "
+                              f"launchers and the reference engine default to shard 0)")
+        if targets is not None and not set(targets) & set(hosted):
+            raise ConfigError(f"{options.server} hosts shards {format_shard_set(hosted)}, "
+                              f"none of --proxy-shards {format_shard_set(targets)}")
         out = process.out_dir
-        metrics = JsonlWriter(out / f"proxy-{welcome.shard}.jsonl" if out else None)
-        if shard is not None and welcome.shard != shard:
-            raise ConfigError(f"{options.server} serves shard {welcome.shard}, not --shard {shard}")
-        largest = largest_message(welcome.stop - welcome.start)
-        front_curve = keys.front_curve(welcome.shard, cfg.num_workers) if keys else None
+        metrics = JsonlWriter(out / f"proxy-{hosted[0]}.jsonl" if out else None)
+        largest = largest_message(welcome.length)
+        front_curve = keys.front_curve(hosted[0], cfg.num_workers) if keys else None
         front = Listener(ctx, options.bind, front_curve, largest)
-        core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar)
-        log.info("fronting shard %d [%d, %d) at %s -> %s with attack %s", welcome.shard,
-                 welcome.start, welcome.stop, front.endpoint, options.server,
+        core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar, targets=targets)
+        log.info("fronting shards %s (corrupting %s) at %s -> %s with attack %s",
+                 core.name, format_shard_set(core.targets), front.endpoint, options.server,
                  attack.proxy_attack)
         write_ready_file(process.ready_file, front.endpoint)
         freeze_startup_objects()

@@ -16,10 +16,12 @@ class ProxyOptions:
                         roles=(PROXY,))
     server: str | None = setting(None, "Endpoint of the real server this proxy fronts.",
                           env="PS_PROXY_SERVER", roles=(PROXY,), required=True)
-    shard: int | None = setting(None, "The shard of the server this proxy fronts; with --keys "
-                                "it picks the keys (the server's, which the proxy presents "
-                                "to the workers, and proxy-<s>).", flag="--shard",
-                                env="PS_PROXY_SHARD", roles=(PROXY,), minimum=0)
+    shard: str | None = setting(None, "The shards of the server process this proxy fronts "
+                                "(as its --shard: 3, 0-4, 1,3); with --keys they pick the "
+                                "keys (the server's, server-<first>, which the proxy presents "
+                                "to the workers, and proxy-<first>). It corrupts those of "
+                                "them in --proxy-shards (default: all).", flag="--shard",
+                                env="PS_PROXY_SHARD", roles=(PROXY,))
     connect_timeout_s: float = setting(120.0, "Seconds to wait for the server to answer the "
                                        "proxy's handshake.", flag="--connect-timeout",
                                        roles=(PROXY,), minimum=0.001)

@@ -5,8 +5,9 @@ clipping's previous aggregate, saved as ``rule_<name>``).
 One module per job: ``format.py`` (the file's layout, :class:`Checkpoint`,
 :class:`Expected`, :class:`CheckpointError`), ``seal.py`` (the MAC key, the tag),
 ``writer.py`` (atomic durable writes, the :class:`CheckpointWriter` thread),
-``reader.py`` (:func:`load_checkpoint`) and ``run.py`` (a run's checkpoints: the
-launcher's and the final parameters' readers).
+``reader.py`` (:func:`load_checkpoint`), ``run.py`` (a run's checkpoints: the
+launcher's and the final parameters' readers) and ``group.py`` (a process of several
+shards: their files, the generation before, the round they share to resume from).
 
 A file is a header line naming the format and the kind of tag, a fixed table (shard,
 round, configuration hash, each array's name and size), the tag, then the raw float32
@@ -25,12 +26,15 @@ deployments have no proxies.
 """
 
 from server.checkpoint.format import Checkpoint, CheckpointError, Expected
+from server.checkpoint.group import GroupFiles, previous_path
 from server.checkpoint.reader import load_checkpoint
 from server.checkpoint.run import (
     checkpoint_path,
+    expected_checkpoint,
     final_parameters,
     model_size,
     params_digest,
+    process_of,
     read_run_checkpoint,
 )
 from server.checkpoint.seal import checkpoint_mac_key, server_mac_key
@@ -41,13 +45,17 @@ __all__ = [
     "CheckpointError",
     "CheckpointWriter",
     "Expected",
+    "GroupFiles",
     "checkpoint_mac_key",
     "checkpoint_path",
     "encode_checkpoint",
+    "expected_checkpoint",
     "final_parameters",
     "load_checkpoint",
     "model_size",
     "params_digest",
+    "previous_path",
+    "process_of",
     "read_run_checkpoint",
     "save_checkpoint",
     "server_mac_key",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.sharding import shard_ranges
+from common.sharding import server_blocks, shard_ranges
 from server.checkpoint.format import Checkpoint, Expected
 from server.checkpoint.reader import load_checkpoint
 from server.checkpoint.seal import server_mac_key
@@ -36,28 +36,46 @@ def model_size(cfg: RunConfig) -> int:
     return count_parameters(cfg.model, *dataset_shape(cfg.dataset))
 
 
+def process_of(num_shards: int, processes: int | None) -> dict[int, int]:
+    """The server process (named by its first shard) hosting each shard when S shards
+    are spread over ``processes`` (None: one each), as ``ps-cluster`` spreads them."""
+    blocks = server_blocks(num_shards, processes or num_shards)
+    return {s: block[0] for block in blocks for s in block}
+
+
+def expected_checkpoint(cfg: RunConfig, shard: int, *, finite: bool, final: bool = False,
+                        d: int | None = None,
+                        rule_state: frozenset[str] | None = None) -> Expected:
+    """What shard ``shard``'s checkpoint of the run ``cfg`` must be (its size from ``d``,
+    the model's, counted from ``cfg`` if not given); ``final``: at the last round."""
+    start, stop = shard_ranges(model_size(cfg) if d is None else d, cfg.num_shards)[shard]
+    return Expected.of(cfg, shard, size=stop - start, finite=finite, rule_state=rule_state,
+                       round=cfg.rounds if final else None)
+
+
 def read_run_checkpoint(out_dir: Path, cfg: RunConfig, shard: int, keys: KeyRing | None,
                         *, finite: bool, final: bool = False,
-                        d: int | None = None) -> Checkpoint:
+                        d: int | None = None, process: int | None = None) -> Checkpoint:
     """Shard ``shard``'s checkpoint in ``out_dir`` of the run ``cfg``, checked with the
-    run's keys (None: ``--insecure``, unkeyed digests) and against the shard's size
-    (``d``: the model's, counted from ``cfg`` if not given); ``final``: at the last
-    round."""
-    start, stop = shard_ranges(model_size(cfg) if d is None else d, cfg.num_shards)[shard]
-    expect = Expected.of(cfg, shard, size=stop - start, finite=finite,
-                         round=cfg.rounds if final else None)
-    return load_checkpoint(checkpoint_path(out_dir, shard), key=server_mac_key(keys, shard),
-                           expect=expect)
+    run's keys (None: ``--insecure``, unkeyed digests; ``process``: the server process
+    that hosted the shard, by default its own) and against the shard's size (``d``: the
+    model's, counted from ``cfg`` if not given); ``final``: at the last round."""
+    expect = expected_checkpoint(cfg, shard, finite=finite, final=final, d=d)
+    return load_checkpoint(checkpoint_path(out_dir, shard),
+                           key=server_mac_key(keys, shard, process), expect=expect)
 
 
-def final_parameters(out_dir: Path, cfg: RunConfig, keys: KeyRing | None) -> np.ndarray:
+def final_parameters(out_dir: Path, cfg: RunConfig, keys: KeyRing | None,
+                     processes: int | None = None) -> np.ndarray:
     """The whole model vector of the finished run ``cfg`` in ``out_dir``: its shards'
-    checkpoints at the last round, each checked with its server's key (None:
-    ``--insecure``) and size, in order; ``CheckpointError`` if one is refused.
-    Non-finite values are what the run produced, and kept."""
+    checkpoints at the last round, each checked with the key of the server process that
+    hosted it (S shards over ``processes``; None: one each; no keys: ``--insecure``) and
+    its size, in order; ``CheckpointError`` if one is refused. Non-finite values are
+    what the run produced, and kept."""
     d = model_size(cfg)
+    owner = process_of(cfg.num_shards, processes)
     return np.concatenate([read_run_checkpoint(out_dir, cfg, s, keys, finite=False,
-                                               final=True, d=d).params
+                                               final=True, d=d, process=owner[s]).params
                            for s in range(cfg.num_shards)])
 
 

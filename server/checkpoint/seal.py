@@ -27,12 +27,16 @@ def checkpoint_mac_key(secret: bytes, shard: int) -> bytes:
     return hmac.new(secret, MAC_LABEL + str(shard).encode("ascii"), hashlib.sha256).digest()
 
 
-def server_mac_key(keys: KeyRing | None, shard: int) -> bytes | None:
-    """The checkpoint MAC key of server ``shard`` from the run's key ring (its
-    ``server-<shard>`` secret); None without keys (``--insecure``: unkeyed digests)."""
+def server_mac_key(keys: KeyRing | None, shard: int,
+                   process: int | None = None) -> bytes | None:
+    """The MAC key of ``shard``'s checkpoints from the run's key ring: derived from the
+    secret of the server process hosting it, ``server-<process>`` (a process is named by
+    its first shard; default: the shard's own process), labelled with the shard; None
+    without keys (``--insecure``: unkeyed digests)."""
     if keys is None:
         return None
-    return checkpoint_mac_key(keys.pair(f"server-{shard}")[1], shard)
+    owner = shard if process is None else process
+    return checkpoint_mac_key(keys.pair(f"server-{owner}")[1], shard)
 
 
 def digest(key: bytes | None, head: bytes) -> Any:

@@ -22,10 +22,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.checkpoint import seal
 from server.checkpoint.format import Checkpoint, encode
+
+if TYPE_CHECKING:
+    from server.checkpoint.group import GroupFiles
 
 log = logging.getLogger("ps.checkpoint")
 
@@ -71,32 +74,31 @@ def write_atomically(path: Path, *parts: Any) -> None:
 
 
 class CheckpointWriter:
-    """Saves checkpoints to ``path`` (tagged with ``key``) in a background thread,
-    newest first.
+    """Saves a server process's checkpoints (a list, one per hosted shard) to its
+    ``GroupFiles`` in a background thread, newest first.
 
     ``submit`` never blocks and never raises; a failed save is logged, reported to
     ``on_failure`` and retried with the next checkpoint. ``close`` finishes the thread
-    and writes the checkpoint it is given, in the caller's thread.
+    and writes the checkpoints it is given, in the caller's thread.
     """
 
-    def __init__(self, path: Path, on_failure: Callable[[], None], *,
-                 key: bytes | None) -> None:
-        self.path = path
-        self.key = key
+    def __init__(self, target: GroupFiles, on_failure: Callable[[], None]) -> None:
+        self.target = target
         self.on_failure = on_failure
-        self._pending: Checkpoint | None = None
+        self._pending: list[Checkpoint] | None = None
         self._closed = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def submit(self, ckpt: Checkpoint) -> None:
-        """Save ``ckpt`` soon (replacing one still waiting); its params must not change."""
+    def submit(self, ckpts: list[Checkpoint]) -> None:
+        """Save ``ckpts`` soon (replacing any still waiting); their arrays must not
+        change."""
         with self._wake:
-            self._pending = ckpt
+            self._pending = ckpts
             self._wake.notify()
 
-    def close(self, final: Checkpoint) -> None:
+    def close(self, final: list[Checkpoint]) -> None:
         """Stop the thread, then save ``final`` now."""
         with self._wake:
             self._closed = True
@@ -112,13 +114,13 @@ class CheckpointWriter:
                     self._wake.wait()
                 if self._closed:
                     return
-                ckpt, self._pending = self._pending, None
-            self._save(ckpt)
+                ckpts, self._pending = self._pending, None
+            self._save(ckpts)
 
-    def _save(self, ckpt: Checkpoint) -> None:
+    def _save(self, ckpts: list[Checkpoint]) -> None:
         try:
-            save_checkpoint(self.path, ckpt, key=self.key)
+            self.target.save(ckpts)
         except OSError as exc:
             self.on_failure()
             log.error("checkpoint of round %d to %s failed (%s); retrying at the next one",
-                      ckpt.round, self.path, exc)
+                      ckpts[0].round, self.target.out_dir, exc)

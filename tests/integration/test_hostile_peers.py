@@ -58,7 +58,7 @@ def test_hostile_frames_get_errors_and_honest_workers_finish(processes, server, 
     welcome = peer.ask([b"", *encode(Hello(role="worker", worker=1,
                                            config_hash=CFG.config_hash))])
     assert isinstance(welcome, Welcome)
-    size = welcome.stop - welcome.start
+    size = welcome.length
     good = np.zeros(size, dtype=np.float32)
     hostile = {
         ErrorCode.MALFORMED: [

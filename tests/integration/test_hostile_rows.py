@@ -124,7 +124,7 @@ def shard_size(peer: RawPeer, cfg: RunConfig = CFG) -> int:
     """The shard's number of values, from a WELCOME (the peer says HELLO as a monitor)."""
     welcome = peer.ask(hello(cfg=cfg))
     assert isinstance(welcome, Welcome), welcome
-    return welcome.stop - welcome.start
+    return welcome.length
 
 
 def assert_errors(replies: list[Header], code: ErrorCode) -> None:

@@ -68,6 +68,7 @@ from common.protocol import Status, StatusReply, decode, encode
 from common.settings import SERVER, to_argv
 from common.transport import connect_dealer
 from ps.launcher.cluster import CHILD_ENV, Cluster, ClusterSpec
+from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
@@ -273,6 +274,7 @@ def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_
     sh(sys.executable, "-m", "ps.keys.cli", "--dir", str(keys), "--shards", str(num_shards),
        "--workers", str(n), "--proxies", "0")
     spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=out,
+                       cluster=ClusterOptions(server_processes=num_shards),  # one each
                        security=SecurityOptions(keys=keys))
     builder = Cluster(spec)  # only its argv builders: the flags each role gets
     out.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,7 @@ def test_a_killed_centered_clipping_server_resumes_with_its_state(processes, tmp
     for w in workers:
         assert processes.wait_exit(w, 120) == 0, w.tail()
     assert processes.wait_exit(restarted, 60) == 0
-    assert any("resumed from" in line for line in restarted.tail(40))
+    assert any("resumed shards 1 from" in line for line in restarted.tail(40))
     params = final_parameters(tmp_path, CC_CFG, ring)
     torch.set_num_threads(1)
     reference = simulate(CC_CFG, AttackConfig().validate(CC_CFG))

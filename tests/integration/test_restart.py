@@ -62,7 +62,7 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     for w in workers:
         assert processes.wait_exit(w, 180) == 0, w.tail()
     assert processes.wait_exit(restarted, 60) == 0
-    assert any("resumed from" in line for line in restarted.tail(40))
+    assert any("resumed shards 1 from" in line for line in restarted.tail(40))
     # a round past the checkpoint's completed: every worker had pulled beyond it and
     # replayed. (One round past is not enough: the server may have written that round's
     # line and died before its PARAMS reached the workers, which then simply push again.)

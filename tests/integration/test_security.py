@@ -57,7 +57,7 @@ def test_a_worker_key_cannot_say_hello_or_push_as_another_worker(keyed_server) -
         assert "worker-3" in reply.message
         welcome = _ask(sock, _hello(3))
         assert isinstance(welcome, Welcome)
-        values = np.zeros(welcome.stop - welcome.start, dtype=np.float32)
+        values = np.zeros(welcome.length, dtype=np.float32)
         reply = _ask(sock, Push(round=0, worker=4, length=values.size), values)
         assert isinstance(reply, Error) and reply.code == ErrorCode.FORBIDDEN.value
         reply = _ask(sock, Push(round=0, worker=3, length=values.size), values)

@@ -494,29 +494,29 @@ def test_a_server_refuses_a_bad_checkpoint_and_leaves_it_as_it_was(tmp_path: Pat
     save_checkpoint(path, Checkpoint(1, 2, CFG.config_hash, np.ones(5, np.float32),
                                      previous=np.ones(5, np.float32)), key=KEY)
     options = ServerOptions(shard=1, resume=True)
-    core, writer = build_core(CFG, options, tmp_path, initial, KEY)
+    core, writer = build_core(CFG, options, tmp_path, initial, {1: KEY})
     assert core.state.round == 2
     writer.close(core.snapshot())
     before = path.read_bytes()
     with pytest.raises(CheckpointError, match="MAC mismatch"):
-        build_core(CFG, options, tmp_path, initial, OTHER_KEY)
+        build_core(CFG, options, tmp_path, initial, {1: OTHER_KEY})
     with pytest.raises(CheckpointError, match="written with a key"):
         build_core(CFG, options, tmp_path, initial)  # the default: --insecure
     with pytest.raises(CheckpointError, match="'params' declares 5 values, expected 6"):
-        build_core(CFG, options, tmp_path, np.zeros(13, np.float32), KEY)  # shard 1: 6
+        build_core(CFG, options, tmp_path, np.zeros(13, np.float32), {1: KEY})  # shard 1: 6
     assert path.read_bytes() == before
     # the checks the core makes after the file's are named with the file too
     save_checkpoint(path, Checkpoint(1, 2, CFG.config_hash, np.ones(5, np.float32),
                                      rule_state={"center": np.ones(5, np.float32)}), key=KEY)
     with pytest.raises(CheckpointError, match=r"shard-1\.npz refused: unexpected array"):
-        build_core(CFG, options, tmp_path, initial, KEY)
+        build_core(CFG, options, tmp_path, initial, {1: KEY})
     cc = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, q=1,
                    rule="centered-clipping", rounds=4).validate()
     save_checkpoint(path, Checkpoint(1, 2, cc.config_hash, np.ones(5, np.float32),
                                      rule_state={"bogus": np.ones(5, np.float32)}), key=KEY)
     with pytest.raises(CheckpointError, match=r"refused: checkpoint's rule state: "
                        r"centered-clipping state has unknown entries \['bogus'\]"):
-        build_core(cc, options, tmp_path, initial, KEY)
+        build_core(cc, options, tmp_path, initial, {1: KEY})
 
 
 SIZES = [b - a for a, b in shard_ranges(model_size(CFG), CFG.num_shards)]
@@ -583,10 +583,11 @@ def test_writer_saves_the_newest_in_the_background_and_the_final_one_at_close(
 ) -> None:
     failures = []
     path = tmp_path / "shard-1.npz"
-    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1), key=KEY)
+    writer = ck.CheckpointWriter(ck.GroupFiles(tmp_path, (1,), {1: KEY}),
+                                 on_failure=lambda: failures.append(1))
     for r in range(5):
-        writer.submit(Checkpoint(1, r, CKPT.config_hash, CKPT.params + r))
-    writer.close(Checkpoint(1, 9, CKPT.config_hash, CKPT.params + 9))
+        writer.submit([Checkpoint(1, r, CKPT.config_hash, CKPT.params + r)])
+    writer.close([Checkpoint(1, 9, CKPT.config_hash, CKPT.params + 9)])
     back = load(path)
     assert back.round == 9 and failures == []
     np.testing.assert_array_equal(back.params, CKPT.params + 9)
@@ -607,11 +608,12 @@ def test_writer_failures_are_reported_and_retried_never_raised(
 
     monkeypatch.setattr(ck.writer.tempfile, "mkstemp", maybe_full)
     path = tmp_path / "shard-1.npz"
-    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1), key=KEY)
-    writer.submit(CKPT)
-    writer.close(CKPT)  # the final save fails too: reported, not raised
+    files = ck.GroupFiles(tmp_path, (1,), {1: KEY})
+    writer = ck.CheckpointWriter(files, on_failure=lambda: failures.append(1))
+    writer.submit([CKPT])
+    writer.close([CKPT])  # the final save fails too: reported, not raised
     assert len(failures) >= 1 and not list(tmp_path.iterdir())
     full[0] = False
-    writer = ck.CheckpointWriter(path, on_failure=lambda: failures.append(1), key=KEY)
-    writer.close(CKPT)
+    writer = ck.CheckpointWriter(files, on_failure=lambda: failures.append(1))
+    writer.close([CKPT])
     assert load(path).round == 7

@@ -60,7 +60,13 @@ def test_help_lists_every_option_with_its_environment_variable(command) -> None:
 
 def test_server_refuses_a_shard_outside_the_cluster() -> None:
     result = CliRunner().invoke(server_main, ["--shard", "4", "--shards", "4", "--insecure"])
-    assert result.exit_code == EXIT_CONFIG and "--shard must be in 0..3" in result.output
+    assert result.exit_code == EXIT_CONFIG and "the run has S=4 shards (0..3)" in result.output
+
+
+@pytest.mark.parametrize("spec", ["2-5", "1,1", "3-1", "a", "1-", "-1", "0,,2"])
+def test_server_refuses_a_shard_set_it_cannot_host(spec: str) -> None:
+    result = CliRunner().invoke(server_main, ["--shard", spec, "--shards", "4", "--insecure"])
+    assert result.exit_code == EXIT_CONFIG and "--shard: shards" in result.output
 
 
 def test_keys_and_insecure_together_are_a_configuration_error(tmp_path) -> None:
@@ -102,13 +108,32 @@ def test_checkpoints_the_workers_cannot_replay_from_are_refused(tmp_path, every:
     assert not list((tmp_path / "run").glob("**/server-*"))  # no process was started
 
 
+def test_a_process_of_several_shards_needs_two_checkpoints_replayable(tmp_path) -> None:
+    """It may resume from the checkpoint before its last (killed between its shards'
+    files): the workers must keep twice the interval, and the defaults do."""
+    args = [*SMALL, "--shards", "2", "--server-processes", "1", "--out-dir",
+            str(tmp_path / "run"), "--checkpoint-every", "8", "--replay-rounds", "17"]
+    result = CliRunner().invoke(cluster_main, args)
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert ("--checkpoint-every 8 needs --replay-rounds of at least 18 (got 17): a server "
+            "restarted from its last checkpoint (a server process of several shards may "
+            "resume from the checkpoint before its last)") in result.output.replace("\n", " ")
+    assert not list((tmp_path / "run").glob("**/server-*"))
+
+
 def test_the_compose_generator_refuses_checkpoints_the_workers_cannot_replay() -> None:
     from ps.deploy.compose import deployment, read_env
 
-    env = {**read_env(ROOT / "docker" / "cluster.env"), "PS_CHECKPOINT_EVERY": "16"}
-    with pytest.raises(ConfigError, match="needs --replay-rounds of at least 18"):
+    env = {**read_env(ROOT / "docker" / "cluster.env"), "PS_CHECKPOINT_EVERY": "17"}
+    with pytest.raises(ConfigError, match="needs --replay-rounds of at least 19"):
         deployment(env, {"proxy_shards": [0], "byzantine_workers": [],
                          "worker_attack": "gaussian"})
+    env = {**env, "PS_CHECKPOINT_EVERY": "8", "PS_SERVER_PROCESSES": "2"}  # 2 shards each
+    with pytest.raises(ConfigError, match="needs --replay-rounds of at least 18 \\(got 16\\)"):
+        deployment({**env, "PS_REPLAY_ROUNDS": "16"},
+                   {"proxy_shards": [0], "byzantine_workers": [], "worker_attack": "gaussian"})
+    deployment(env, {"proxy_shards": [0], "byzantine_workers": [],  # the defaults: 8 and 18
+                     "worker_attack": "gaussian"})
 
 
 def test_verify_knows_which_workers_momentum_the_engine_cannot_reproduce(tmp_path) -> None:

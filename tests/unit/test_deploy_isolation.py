@@ -243,6 +243,104 @@ def test_memory_limits_cover_the_measured_peaks() -> None:
         assert peak * 1.33 < resources.mebibytes(resources.memory_limit(role, sizes)), role
 
 
+# --- compose: fewer server processes than shards ------------------------------------------
+
+def _blocks_compose(tmp_path: Path, processes: int = 2,
+                    **env: str) -> tuple[Any, dict[str, Any]]:
+    """(deployment, services) of the compose file ``gen_compose.py --server-processes``
+    writes from a copy of the env file (with ``env`` on top): the file's own YAML."""
+    from ps.deploy.compose import main, set_env_values
+
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(ENV_FILE.read_text())
+    set_env_values(env_file, env)
+    out = tmp_path / "compose.yml"
+    assert main(["--env-file", str(env_file), "-o", str(out),
+                 "--server-processes", str(processes)]) == 0
+    assert f"PS_SERVER_PROCESSES={processes}\n" in env_file.read_text()
+    assert main(["--check", "-o", str(out)]) == 0
+    dep = deployment(read_env(env_file), {**DEFAULT, "env_file": str(env_file)})
+    return dep, yaml.safe_load(out.read_text())["services"]
+
+
+def test_compose_two_server_processes_keys_and_directories(tmp_path: Path) -> None:
+    """S=4, P=2: the nodes are server-0 and server-2 (PS_SHARD 0-1, 2-3) and proxy-0
+    (PS_PROXY_SHARD 0-1, PS_PROXY_SHARDS 0); each mounts exactly the bundle needed_keys
+    gives its name, which the keys service's own command writes; runs-dir makes a
+    directory for each of them and no other."""
+    dep, services = _blocks_compose(tmp_path)
+    nodes = _nodes(services)
+    assert set(nodes) == {"server-0", "server-2", "proxy-0", "evaluator",
+                          *(f"worker-{i}" for i in range(8))}
+    env = {name: service["environment"] for name, service in nodes.items()}
+    assert (env["server-0"]["PS_SHARD"], env["server-2"]["PS_SHARD"]) == ("0-1", "2-3")
+    assert env["proxy-0"]["PS_PROXY_SHARD"] == "0-1"
+    assert env["proxy-0"]["PS_PROXY_SHARDS"] == "0"
+    assert env["proxy-0"]["PS_PROXY_SERVER"] == "tcp://server-0:5550"
+    assert env["worker-5"]["PS_SERVERS"] == "tcp://proxy-0:5550,tcp://server-2:5550"
+    assert env["evaluator"]["PS_SERVERS"] == "tcp://server-0:5550,tcp://server-2:5550"
+    assert set(services["worker-0"]["depends_on"]) == {"server-0", "server-2", "proxy-0"}
+    assert set(services["evaluator"]["depends_on"]) == {"server-0", "server-2"}
+    assert set(services["proxy-0"]["depends_on"]) == {"server-0"}
+    for name, service in nodes.items():
+        assert [_mount(v) for v in service["volumes"]] == [
+            (f"{RUNS}/{name}", "/runs", "rw"), (f"{RUNS}/keys/{name}", "/keys", "ro")], name
+    script = services["runs-dir"]["command"][-1]
+    assert sorted(script.split("for d in ", 1)[1].split(";", 1)[0].split()) == sorted(nodes)
+    # the keys service's command, run here: a proxy key for the process it fronts
+    args = list(services["keys"]["command"][1:])
+    assert args[args.index("--proxies") + 1] == "0"
+    args[args.index("--dir") + 1] = str(tmp_path / "all")
+    args[args.index("--bundles") + 1] = str(tmp_path / "bundles")
+    with pytest.raises(SystemExit) as done:
+        keys_main(args)
+    assert done.value.code == 0
+    for name in nodes:
+        wanted = needed_keys(name, 4, 8, dep.proxied)
+        assert sorted(os.listdir(tmp_path / "bundles" / name)) == sorted(wanted), name
+        KeyRing(tmp_path / "bundles" / name).pair(name)
+    assert "proxy-0.key" in os.listdir(tmp_path / "bundles" / "server-0")
+    assert "proxy-0.key" not in os.listdir(tmp_path / "bundles" / "server-2")
+
+
+def test_compose_server_process_limits_scale_with_the_shards_it_hosts(tmp_path: Path) -> None:
+    """A server process of k shards holds k shards' state, its proxy too: with the cnn
+    (d = 1.9 M) the limits of P=2 (two shards each) exceed those of P=4 and are the
+    formula's for two shards; workers' and the evaluator's do not change."""
+    dep, two = _blocks_compose(tmp_path, 2, PS_MODEL="cnn")
+    _, four = _blocks_compose(tmp_path, 4, PS_MODEL="cnn")
+    sizes = resources.sizes_of(dep.cfg, replay_rounds=16)
+    for name, shards in (("server-0", 2), ("server-2", 2), ("proxy-0", 2)):
+        role = resources.role_of(name)
+        assert _bytes(two[name]["mem_limit"]) == resources.memory_limit(
+            role, sizes, shards=shards), name
+        assert _bytes(two[name]["mem_limit"]) > _bytes(four[name]["mem_limit"]), name
+        assert _bytes(four[name]["mem_limit"]) == resources.memory_limit(role, sizes), name
+    for name in ("worker-0", "evaluator"):
+        assert two[name]["mem_limit"] == four[name]["mem_limit"], name
+    # the estimate: a process of k shards of d_s is one shard of k * d_s
+    for role in ("server", "proxy"):
+        base = resources.memory_estimate(role, sizes)
+        fixed = resources.BASE_TORCH if role == "server" else resources.BASE_PROXY
+        assert resources.memory_estimate(role, sizes, shards=3) - fixed == 3 * (base - fixed)
+
+
+def test_compose_generator_refuses_more_server_processes_than_shards(tmp_path: Path) -> None:
+    from ps.deploy.compose import main
+
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text(ENV_FILE.read_text())
+    before = env_file.read_text()
+    out = tmp_path / "compose.yml"
+    for argv in (["--server-processes", "5"], ["--shards", "3"], ["--server-processes", "0"]):
+        assert main(["--env-file", str(env_file), "-o", str(out), *argv]) == 2, argv
+        assert env_file.read_text() == before, argv  # refused before it changed anything
+    assert not out.exists()
+    assert main(["--env-file", str(env_file), "-o", str(out), "--shards", "3",
+                 "--server-processes", "3"]) == 0
+    assert "PS_SHARDS=3\n" in env_file.read_text()
+
+
 # --- swarm stack -----------------------------------------------------------------------
 
 def test_stack_one_service_per_worker_holding_only_its_own_secret() -> None:

@@ -33,11 +33,11 @@ from common.protocol import (
 
 HEADERS = [
     Hello(role="worker", worker=3, config_hash="0123456789abcdef", config={"rule": "marmed"}),
-    Welcome(shard=1, num_shards=4, start=10, stop=20, d=40, round=7, rounds=500),
+    Welcome(shards=[1, 2], num_shards=4, d=40, length=20, round=7, rounds=500),
     Pull(round=5, worker=2),
     Ack(round=5, worker=2),
     Status(),
-    StatusReply(shard=0, round=3, rounds=10, finished=False, pushes=[0, 2], counters={"dup": 1}),
+    StatusReply(shards=[0], round=3, rounds=10, finished=False, pushes=[0, 2], counters={"dup": 1}),
     Error(code="duplicate", message="worker 2 already pushed round 5", round=5),
 ]
 
@@ -60,7 +60,7 @@ def test_tensor_messages_round_trip(kind: str, length: int) -> None:
     header = (
         Push(round=2, worker=1, length=length)
         if kind == "push"
-        else Params(round=2, shard=0, length=length)
+        else Params(round=2, shards=[0], length=length)
     )
     frames = encode(header, values)
     assert len(frames) == 1 + -(-length * 4 // CHUNK_BYTES)  # chunked, header first
@@ -131,7 +131,7 @@ MALFORMED = {
     "tensor on a pull": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round=0, worker=0), b"x"],
     "oversize header": [b"\x00" * (MAX_HEADER_BYTES + 1)],
     "list of strings for pushes": [
-        _header(v=PROTOCOL_VERSION, op=int(Op.STATUS_REPLY), shard=0, round=0, rounds=1,
+        _header(v=PROTOCOL_VERSION, op=int(Op.STATUS_REPLY), shards=[0], round=0, rounds=1,
                 finished=False, pushes=["a"], counters={})
     ],
 }

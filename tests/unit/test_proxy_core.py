@@ -43,9 +43,9 @@ from ps.proxy.corruption import ShardCorruptor
 
 CFG = RunConfig(dataset="synthetic", num_workers=4, num_shards=2, rule="marmed", q=1,
                 rounds=3, seed=5).validate()
-WELCOME = Welcome(shard=1, num_shards=2, start=100, stop=200, d=200, round=0, rounds=3)
+WELCOME = Welcome(shards=[1], num_shards=2, d=200, length=100, round=0, rounds=3)
 N = CFG.num_workers
-LENGTH = WELCOME.stop - WELCOME.start  # 100 values per push / PARAMS of shard 1
+LENGTH = WELCOME.length  # 100 values per push / PARAMS of shard 1
 PAPER_MASK = np.uint32((1 << 21) | (1 << 29) | (1 << 30) | (1 << 31))
 
 GAMBLER = {"proxy_attack": "gambler", "gambler_p": 0.5}
@@ -66,7 +66,7 @@ def make_core(attack_cfg: AttackConfig, metrics: JsonlWriter | None = None,
 
 def reference(attack_cfg: AttackConfig) -> ShardCorruptor:
     """A corruptor for the same shard, to compare the core's output with."""
-    return ShardCorruptor(CFG, attack_cfg, WELCOME.shard, WELCOME.start, WELCOME.stop)
+    return ShardCorruptor(CFG, attack_cfg, 1, 100, 200)
 
 
 # --------------------------------------------------------------------------- messages
@@ -123,7 +123,7 @@ def params_values(round_: int) -> np.ndarray:
 
 def params_reply(envelope: list[bytes], round_: int) -> Incoming:
     """The server's PARAMS(round_) reply, routed back to ``envelope``."""
-    header = Params(round=round_, shard=WELCOME.shard, length=LENGTH)
+    header = Params(round=round_, shards=[1], length=LENGTH)
     return incoming(envelope, header, params_values(round_))
 
 
@@ -329,7 +329,7 @@ def test_bitflip_flips_each_of_the_shards_first_coordinates_in_exactly_one_worke
         xor = bits(sent(out)[2]) ^ bits(grad(worker))
         assert (xor[xor != 0] == PAPER_MASK).all()
         flipped[worker] = xor != 0
-    in_range = 150 - WELCOME.start  # global coordinates 100..149 = local 0..49
+    in_range = 150 - 100  # global coordinates 100..149 = local 0..49
     assert (flipped[:, :in_range].sum(axis=0) == 1).all()
     assert not flipped[:, in_range:].any()
 
@@ -348,7 +348,7 @@ def test_params_are_corrupted_for_the_worker_that_asked(given: dict[str, Any]) -
         (out,) = core.from_server(params_reply(env(worker), 1))
         envelope, header, values = sent(out)
         assert not out.to_server and envelope == env(worker)
-        assert header == Params(round=1, shard=WELCOME.shard, length=LENGTH)
+        assert header == Params(round=1, shards=[1], length=LENGTH)
         expected, changed = ref.corrupt_params(1, worker, params_values(1))
         assert changed > 0
         np.testing.assert_array_equal(bits(values), bits(expected))
@@ -366,7 +366,7 @@ def test_params_for_an_evaluator_are_never_corrupted(given: dict[str, Any], tmp_
     (out,) = core.from_server(params_reply(evaluator, 1))
     envelope, header, values = sent(out)
     assert not out.to_server and envelope == evaluator
-    assert header == Params(round=1, shard=WELCOME.shard, length=LENGTH)
+    assert header == Params(round=1, shards=[1], length=LENGTH)
     np.testing.assert_array_equal(bits(values), bits(params_values(1)))
     metrics.close()
     assert read_jsonl(tmp_path / "p.jsonl") == []

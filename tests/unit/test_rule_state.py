@@ -43,55 +43,56 @@ def core(cfg: RunConfig = CFG) -> ServerCore:
 
 def test_the_state_is_the_previous_aggregate_and_moves_every_round() -> None:
     server = core()
-    assert server.state.rule_state == {}
-    before = server.state.params.copy()
-    run_rounds(server.state, 1)
-    center = server.state.rule_state["center"]
-    np.testing.assert_array_equal(server.state.params, before - np.float32(0.1) * center)
-    run_rounds(server.state, 2)
-    assert not np.array_equal(server.state.rule_state["center"], center)
+    assert server.state.states[0].rule_state == {}
+    before = server.state.states[0].params.copy()
+    run_rounds(server.state.states[0], 1)
+    center = server.state.states[0].rule_state["center"]
+    np.testing.assert_array_equal(server.state.states[0].params, before - np.float32(0.1) * center)
+    run_rounds(server.state.states[0], 2)
+    assert not np.array_equal(server.state.states[0].rule_state["center"], center)
 
 
 def test_a_resumed_server_ends_bit_identical_to_an_uninterrupted_one(tmp_path: Path) -> None:
     straight = core()
-    run_rounds(straight.state, CFG.rounds)
+    run_rounds(straight.state.states[0], CFG.rounds)
 
     first = core()
-    run_rounds(first.state, 4)
+    run_rounds(first.state.states[0], 4)
     path = tmp_path / "shard-1.npz"
-    save_checkpoint(path, first.snapshot(), key=None)
+    save_checkpoint(path, first.snapshot()[0], key=None)
     del first  # the process dies here
 
     ckpt = load_checkpoint(path, key=None, expect=Expected.of(CFG, SHARD, size=6))
     assert ckpt.round == 4 and set(ckpt.rule_state) == {"center"}
     resumed = core()
-    resumed.restore(ckpt)
-    run_rounds(resumed.state, CFG.rounds)
-    np.testing.assert_array_equal(resumed.state.params, straight.state.params)
-    np.testing.assert_array_equal(resumed.state.rule_state["center"],
-                                  straight.state.rule_state["center"])
+    resumed.restore([ckpt])
+    run_rounds(resumed.state.states[0], CFG.rounds)
+    np.testing.assert_array_equal(resumed.state.states[0].params, straight.state.states[0].params)
+    np.testing.assert_array_equal(resumed.state.states[0].rule_state["center"],
+                                  straight.state.states[0].rule_state["center"])
 
 
 def test_without_its_state_the_resumed_run_would_differ(tmp_path: Path) -> None:
     straight = core()
-    run_rounds(straight.state, CFG.rounds)
+    run_rounds(straight.state.states[0], CFG.rounds)
     first = core()
-    run_rounds(first.state, 4)
-    ckpt = first.snapshot()
+    run_rounds(first.state.states[0], 4)
+    ckpt = first.snapshot()[0]
     resumed = core()
     with pytest.raises(ConfigError, match="holds no state for rule centered-clipping"):
-        resumed.restore(Checkpoint(ckpt.shard, ckpt.round, ckpt.config_hash, ckpt.params))
+        resumed.restore([Checkpoint(ckpt.shard, ckpt.round, ckpt.config_hash, ckpt.params)])
     # what a lost state would do: restart clipping around zero
-    resumed.state.restore(ckpt.round, ckpt.params, rule_state={
-        "center": np.zeros(resumed.state.size, dtype=np.float32)})
-    run_rounds(resumed.state, CFG.rounds)
-    assert not np.array_equal(resumed.state.params, straight.state.params)
+    resumed.state.states[0].restore(ckpt.round, ckpt.params, rule_state={
+        "center": np.zeros(resumed.state.states[0].size, dtype=np.float32)})
+    run_rounds(resumed.state.states[0], CFG.rounds)
+    assert not np.array_equal(resumed.state.states[0].params, straight.state.states[0].params)
 
 
 def test_a_state_of_the_wrong_size_is_refused() -> None:
     server = core()
     with pytest.raises(ConfigError, match="rule state 'center' holds 3 values, shard 1 has 6"):
-        server.state.restore(2, server.state.params, rule_state={"center": np.zeros(3)})
+        shard = server.state.states[0]
+        shard.restore(2, shard.params, rule_state={"center": np.zeros(3)})
 
 
 def test_checkpoint_files_round_trip_the_rule_state(tmp_path: Path) -> None:

@@ -211,3 +211,18 @@ def test_a_fresh_matplotlib_cache_logs_nothing_on_the_terminal(tmp_path: Path) -
     assert (tmp_path / "mpl").is_dir()  # the cache was built in this run
     assert (tmp_path / "f.png").read_bytes().startswith(PNG_SIGNATURE)
     assert result.stderr == "" and result.stdout == ""
+
+
+def test_a_compose_run_of_server_processes_finds_every_shards_metrics(tmp_path: Path) -> None:
+    from ps.plots.run_figures import metrics_file, numbered
+
+    for service, shards in (("server-0", (0, 1)), ("server-2", (2, 3))):
+        (tmp_path / service).mkdir()
+        for s in shards:  # each shard's file in its process's directory
+            (tmp_path / service / f"server-{s}.jsonl").write_text("{}\n")
+    (tmp_path / "worker-1").mkdir()
+    (tmp_path / "worker-1" / "worker-1.jsonl").write_text("{}\n")
+    assert numbered(tmp_path, "server") == {
+        s: tmp_path / f"server-{s - s % 2}" / f"server-{s}.jsonl" for s in range(4)}
+    assert metrics_file(tmp_path, "worker-1") == tmp_path / "worker-1" / "worker-1.jsonl"
+    assert metrics_file(tmp_path, "server-9") == tmp_path / "server-9.jsonl"  # none: flat

@@ -78,11 +78,11 @@ def garbage(envelope: list[bytes]) -> Incoming:
                     frames=[*envelope, b"", *frames], size=sum(len(f) for f in frames))
 
 
-def make_core(tmp_path: Path | None = None, saved: list[Checkpoint] | None = None,
+def make_core(tmp_path: Path | None = None, saved: list[list[Checkpoint]] | None = None,
               cfg: RunConfig = CFG, **options: object) -> ServerCore:
     opts = ServerOptions(**{"shard": 0, "linger_s": LINGER_S, "checkpoint_every": 2,
                             **options})  # type: ignore[arg-type]
-    metrics = JsonlWriter(tmp_path / "m.jsonl") if tmp_path is not None else None
+    metrics = {0: JsonlWriter(tmp_path / "m.jsonl")} if tmp_path is not None else None
     return ServerCore(cfg, opts, INITIAL, metrics=metrics,
                       save=saved.append if saved is not None else None)
 
@@ -159,9 +159,9 @@ def assert_error(replies: list[Reply], code: ErrorCode, round_: int,
 
 def assert_params(reply: Reply, round_: int, values: np.ndarray, peer: bytes) -> None:
     assert reply.envelope == _env(peer)
-    assert reply.header == Params(round=round_, shard=0, length=5)
+    assert reply.header == Params(round=round_, shards=[0], length=5)
     assert reply.tensor is not None
-    np.testing.assert_allclose(reply.tensor, values, rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate(reply.tensor), values, rtol=1e-6)
 
 
 def expected_after(params: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
@@ -175,16 +175,16 @@ def expected_after(params: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
 def test_hello_is_welcomed_with_the_shard_range_and_round() -> None:
     reply = only(hello(make_core()))
     assert reply.envelope == [b"peer-id"]
-    assert reply.header == Welcome(shard=0, num_shards=2, start=0, stop=5, d=10, round=0,
+    assert reply.header == Welcome(shards=[0], num_shards=2, d=10, length=5, round=0,
                                    rounds=4)
     assert reply.tensor is None
 
 
-def test_hello_of_the_second_shard_names_its_range() -> None:
-    core = ServerCore(CFG, ServerOptions(shard=1), INITIAL)
+def test_hello_of_the_second_shard_names_its_shards_and_length() -> None:
+    core = ServerCore(CFG, ServerOptions(shard="1"), INITIAL)
     welcome = only(hello(core)).header
     assert isinstance(welcome, Welcome)
-    assert (welcome.shard, welcome.start, welcome.stop, welcome.d) == (1, 5, 10, 10)
+    assert (welcome.shards, welcome.length, welcome.d) == ([1], 5, 10)
 
 
 def test_hello_welcome_reports_the_current_round() -> None:
@@ -274,7 +274,7 @@ def test_rounds_chain_the_mean_update() -> None:
     for t in range(CFG.rounds):
         run_rounds(core, 1)
         params = expected_after(params, [grad(w, t) for w in range(3)])
-        np.testing.assert_allclose(core.state.params, params, rtol=1e-6)
+        np.testing.assert_allclose(core.state.states[0].params, params, rtol=1e-6)
     assert core.state.finished
 
 
@@ -335,7 +335,7 @@ def test_repeated_push_is_acked_again_and_keeps_the_first_values() -> None:
     assert reply.header == Ack(round=0, worker=1)
     assert core.counters == {REPEATED_PUSH: 1}
     assert core.status().pushes == [1]
-    np.testing.assert_array_equal(core.state.grads[1], np.full(5, 7.0))
+    np.testing.assert_array_equal(core.state.states[0].grads[1], np.full(5, 7.0))
 
 
 def test_repeated_pull_next_push_stays_parked_once_and_gets_one_reply() -> None:
@@ -353,7 +353,7 @@ def test_repeated_pull_next_push_stays_parked_once_and_gets_one_reply() -> None:
 def test_repeated_push_of_a_kept_past_round_is_answered_from_history() -> None:
     core = make_core()
     run_rounds(core, 1)
-    after_0 = core.state.params.copy()
+    after_0 = core.state.states[0].params.copy()
     run_rounds(core, 1)
     assert only(push(core, 0, round_=0)).header == Ack(round=0, worker=0)
     # a restarted worker (another peer) asks for the round after its push again
@@ -370,7 +370,7 @@ def test_repeated_push_of_the_last_round_after_the_run_finished_gets_the_final_p
 ) -> None:
     core = make_core()
     run_rounds(core, 4)
-    assert_params(only(push(core, 1, round_=3, pull_next=True)), 4, core.state.params,
+    assert_params(only(push(core, 1, round_=3, pull_next=True)), 4, core.state.states[0].params,
                   _worker_peer(1))
     assert core.counters == {REPEATED_PUSH: 1}
 
@@ -441,7 +441,7 @@ def test_pull_of_a_future_round_is_parked_until_that_round_exists() -> None:
     push(core, 1)
     replies = push(core, 2)
     assert replies[0].header == Ack(round=1, worker=2)
-    assert_params(only(replies[1:]), 2, core.state.params, b"early")
+    assert_params(only(replies[1:]), 2, core.state.states[0].params, b"early")
     assert core.parked == {}
 
 
@@ -566,7 +566,7 @@ def test_an_exception_while_handling_is_answered_internal_and_the_core_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     core = make_core()
-    params_at = core.state.params_at
+    params_at = core.state.states[0].params_at
     calls: list[int] = []
 
     def failing_once(round_: int) -> np.ndarray | None:
@@ -575,7 +575,7 @@ def test_an_exception_while_handling_is_answered_internal_and_the_core_goes_on(
             raise RuntimeError("a bug")
         return params_at(round_)
 
-    monkeypatch.setattr(core.state, "params_at", failing_once)
+    monkeypatch.setattr(core.state.states[0], "params_at", failing_once)
     with caplog.at_level(logging.ERROR, logger="ps.server"):
         error = assert_error(pull(core, 0), ErrorCode.INTERNAL, 0, b"reader")
     assert "RuntimeError: a bug" in error.message
@@ -620,7 +620,7 @@ def test_parked_pulls_are_answered_even_if_writing_the_metrics_fails(
     def disk_full(record: dict) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(core.metrics, "write", disk_full)
+    monkeypatch.setattr(core.metrics[0], "write", disk_full)
     push(core, 1)
     replies = push(core, 2)
     replies += push(core, 2)  # a retry after an ERROR reply
@@ -652,7 +652,7 @@ def test_status_reports_round_pushes_and_counters() -> None:
     push(core, 0)  # repeated
     reply = only(core.handle(message(Status(), peer=b"monitor"), 0.0))  # needs no HELLO
     assert reply.envelope == [b"monitor"]
-    assert reply.header == StatusReply(shard=0, round=1, rounds=4, finished=False,
+    assert reply.header == StatusReply(shards=[0], round=1, rounds=4, finished=False,
                                        pushes=[0, 2], counters={REPEATED_PUSH: 1})
 
 
@@ -684,10 +684,10 @@ def test_malformed_message_without_envelope_gets_no_reply_but_is_counted() -> No
     ("header", "tensor"),
     [
         (Ack(round=0, worker=0), None),
-        (Welcome(shard=0, num_shards=2, start=0, stop=5, d=10, round=0, rounds=4), None),
+        (Welcome(shards=[0], num_shards=2, d=10, length=5, round=0, rounds=4), None),
         (Error(code="duplicate", message="x", round=0), None),
-        (StatusReply(shard=0, round=0, rounds=4, finished=False, pushes=[], counters={}), None),
-        (Params(round=0, shard=0, length=5), np.zeros(5, dtype=np.float32)),
+        (StatusReply(shards=[0], round=0, rounds=4, finished=False, pushes=[], counters={}), None),
+        (Params(round=0, shards=[0], length=5), np.zeros(5, dtype=np.float32)),
     ],
     ids=["ack", "welcome", "error", "status-reply", "params"],
 )
@@ -703,35 +703,36 @@ def test_ops_a_server_does_not_accept_are_unexpected(header: Header,
 
 
 def test_checkpoints_are_saved_every_k_rounds() -> None:
-    saved: list[Checkpoint] = []
+    saved: list[list[Checkpoint]] = []
     core = make_core(saved=saved)
     snapshots = {}
     for t in range(1, CFG.rounds + 1):
         run_rounds(core, 1)
-        snapshots[t] = core.state.params.copy()
-    assert [c.round for c in saved] == [2, 4]
-    for ckpt in saved:
+        snapshots[t] = core.state.states[0].params.copy()
+    assert [c.round for [c] in saved] == [2, 4]
+    for [ckpt] in saved:
         assert ckpt.shard == 0 and ckpt.config_hash == CFG.config_hash
         np.testing.assert_array_equal(ckpt.params, snapshots[ckpt.round])
 
 
 def test_checkpoint_every_zero_saves_only_on_demand() -> None:
-    saved: list[Checkpoint] = []
+    saved: list[list[Checkpoint]] = []
     core = make_core(saved=saved, checkpoint_every=0)
     run_rounds(core, 4)
     assert saved == []
     core.checkpoint()
-    assert [c.round for c in saved] == [4]
+    assert [c.round for [c] in saved] == [4]
 
 
 def test_checkpoint_on_demand_saves_the_current_round() -> None:
-    saved: list[Checkpoint] = []
+    saved: list[list[Checkpoint]] = []
     core = make_core(saved=saved)
     run_rounds(core, 1)
     core.checkpoint()
     assert len(saved) == 1
-    assert (saved[0].shard, saved[0].round, saved[0].config_hash) == (0, 1, CFG.config_hash)
-    np.testing.assert_array_equal(saved[0].params, core.state.params)
+    [ckpt] = saved[0]
+    assert (ckpt.shard, ckpt.round, ckpt.config_hash) == (0, 1, CFG.config_hash)
+    np.testing.assert_array_equal(saved[0][0].params, core.state.states[0].params)
 
 
 def test_checkpoint_without_a_store_does_nothing() -> None:
@@ -744,7 +745,7 @@ def test_checkpoint_without_a_store_does_nothing() -> None:
 def test_failing_checkpoint_is_counted_and_logged_never_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def failing_save(ckpt: Checkpoint) -> None:
+    def failing_save(ckpts: list[Checkpoint]) -> None:
         raise OSError("disk full")
 
     core = ServerCore(CFG, ServerOptions(shard=0, checkpoint_every=2), INITIAL,
@@ -781,7 +782,7 @@ def test_lingers_for_an_evaluator_that_has_not_read_the_final_round() -> None:
     core = make_core()
     hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
     run_rounds(core, 3)
-    assert_params(only(pull(core, 3, peer=EVALUATOR)), 3, core.state.params, EVALUATOR)
+    assert_params(only(pull(core, 3, peer=EVALUATOR)), 3, core.state.states[0].params, EVALUATOR)
     run_rounds(core, 1, now=100.0)
     assert core.tick(101.0) == []
     assert not core.done(100.0)
@@ -794,7 +795,7 @@ def test_done_at_once_when_the_evaluator_pulls_the_final_round() -> None:
     hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
     run_rounds(core, 4, now=100.0)
     assert not core.done(100.0)
-    assert_params(only(pull(core, 4, peer=EVALUATOR, now=101.0)), 4, core.state.params,
+    assert_params(only(pull(core, 4, peer=EVALUATOR, now=101.0)), 4, core.state.states[0].params,
                   EVALUATOR)
     assert core.done(101.0)
 
@@ -807,13 +808,13 @@ def test_done_at_once_when_the_evaluator_was_parked_for_the_final_round() -> Non
     push(core, 0, now=100.0)
     push(core, 1, now=100.0)
     replies = push(core, 2, now=100.0)
-    assert_params(only(replies[1:]), 4, core.state.params, EVALUATOR)
+    assert_params(only(replies[1:]), 4, core.state.states[0].params, EVALUATOR)
     assert core.done(100.0)
 
 
 def test_tick_marks_a_run_restored_at_its_last_round_finished() -> None:
     core = make_core()
-    core.restore(Checkpoint(0, CFG.rounds, CFG.config_hash, SHARD.copy()))
+    core.restore([Checkpoint(0, CFG.rounds, CFG.config_hash, SHARD.copy())])
     assert not core.done(10.0)  # not yet noticed
     assert core.tick(10.0) == []
     assert core.done(10.0)
@@ -825,7 +826,7 @@ def test_tick_marks_a_run_restored_at_its_last_round_finished() -> None:
 def test_restore_resumes_at_the_checkpoint_round_with_its_params() -> None:
     core = make_core()
     params = np.full(5, 3.0, dtype=np.float32)
-    core.restore(Checkpoint(0, 2, CFG.config_hash, params))
+    core.restore([Checkpoint(0, 2, CFG.config_hash, params)])
     welcome = only(hello(core)).header
     assert isinstance(welcome, Welcome) and welcome.round == 2
     assert_params(only(pull(core, 2)), 2, params, b"reader")
@@ -834,7 +835,7 @@ def test_restore_resumes_at_the_checkpoint_round_with_its_params() -> None:
     assert only(push(core, 0, round_=1)).header == Ack(round=1, worker=0)
     assert_error(push(core, 0, round_=0), ErrorCode.STALE_ROUND, 2, _worker_peer(0))
     run_rounds(core, 1)
-    np.testing.assert_allclose(core.state.params,
+    np.testing.assert_allclose(core.state.states[0].params,
                                expected_after(params, [grad(w, 2) for w in range(3)]))
     assert core.state.round == 3
 
@@ -847,7 +848,7 @@ def test_restore_resumes_at_the_checkpoint_round_with_its_params() -> None:
 def test_restore_refuses_another_run_or_shard(shard: int, config_hash: str) -> None:
     core = make_core()
     with pytest.raises(ConfigError, match="checkpoint of shard"):
-        core.restore(Checkpoint(shard, 2, config_hash, SHARD.copy()))
+        core.restore([Checkpoint(shard, 2, config_hash, SHARD.copy())])
     assert core.state.round == 0
 
 
@@ -855,7 +856,7 @@ def test_restore_refuses_another_run_or_shard(shard: int, config_hash: str) -> N
 def test_restore_refuses_params_of_another_size(size: int) -> None:
     core = make_core()
     with pytest.raises(ConfigError, match="values"):
-        core.restore(Checkpoint(0, 2, CFG.config_hash, np.zeros(size, dtype=np.float32)))
+        core.restore([Checkpoint(0, 2, CFG.config_hash, np.zeros(size, dtype=np.float32))])
     assert core.state.round == 0
 
 
@@ -863,7 +864,7 @@ def test_restore_refuses_params_of_another_size(size: int) -> None:
 def test_restore_refuses_a_round_outside_the_run(round_: int) -> None:
     core = make_core()
     with pytest.raises(ConfigError, match="round"):
-        core.restore(Checkpoint(0, round_, CFG.config_hash, SHARD.copy()))
+        core.restore([Checkpoint(0, round_, CFG.config_hash, SHARD.copy())])
 
 
 # -- metrics -------------------------------------------------------------------------
@@ -872,7 +873,7 @@ def test_restore_refuses_a_round_outside_the_run(round_: int) -> None:
 def test_metrics_hold_one_line_per_round(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     run_rounds(core, 4)
-    core.metrics.close()
+    core.metrics[0].close()
     records = read_jsonl(tmp_path / "m.jsonl")
     assert [r["round"] for r in records] == [0, 1, 2, 3]
     for r in records:
@@ -892,7 +893,7 @@ def test_metrics_count_nonfinite_values_and_errors(tmp_path: Path) -> None:
     push(core, 0)
     push(core, 1, values=nan)
     push(core, 2)
-    core.metrics.close()
+    core.metrics[0].close()
     records = read_jsonl(tmp_path / "m.jsonl")
     assert len(records) == 1
     record = records[0]
@@ -900,7 +901,8 @@ def test_metrics_count_nonfinite_values_and_errors(tmp_path: Path) -> None:
     assert record["nonfinite_values"] == 1
     assert record["params_finite"] is False
     assert record["errors"] == 1
-    assert np.isnan(core.state.params[2]) and np.isfinite(np.delete(core.state.params, 2)).all()
+    params = core.state.states[0].params
+    assert np.isnan(params[2]) and np.isfinite(np.delete(params, 2)).all()
 
 
 def test_a_non_worker_cannot_claim_worker_ids_to_evict_the_workers_sessions() -> None:
@@ -929,7 +931,7 @@ def test_a_round_closes_at_its_deadline_with_the_quorum_it_has(tmp_path) -> None
     assert core.tick(12.0) == []  # (replies only to parked PULLs; none here)
     assert core.state.round == 1
     expected = SHARD - 0.5 * np.median(np.stack([grad(w) for w in range(4)]), axis=0)
-    np.testing.assert_allclose(core.state.params, expected, rtol=1e-6)
+    np.testing.assert_allclose(core.state.states[0].params, expected, rtol=1e-6)
     line = read_jsonl(tmp_path / "m.jsonl")[-1]
     assert line["workers"] == [0, 1, 2, 3] and line["missing"] == [4]
     # the late push of the closed round: stale-round with the current round
@@ -1001,12 +1003,12 @@ def test_a_checkpoint_keeps_the_round_before_and_a_restored_core_serves_it(tmp_p
     core = make_core()
     for w in range(3):
         push(core, w)
-    saved = core.snapshot()
+    saved = core.snapshot()[0]
     assert saved.round == 1 and saved.previous is not None
     save_checkpoint(tmp_path / "c.npz", saved, key=None)
     resumed = make_core()
-    resumed.restore(load_checkpoint(tmp_path / "c.npz", key=None,
-                                    expect=Expected.of(CFG, 0, size=saved.params.size)))
+    resumed.restore([load_checkpoint(tmp_path / "c.npz", key=None,
+                                     expect=Expected.of(CFG, 0, size=saved.params.size))])
     # a shard that lagged by one round still gets round 0 from its workers, who need
     # x^0 of this shard to compute it: it is still served, and their pushes repeat
     assert_params(only(pull(resumed, 0)), 0, SHARD, b"reader")

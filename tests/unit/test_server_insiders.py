@@ -212,10 +212,10 @@ def test_an_accepted_push_is_never_budgeted() -> None:
 
 
 @pytest.mark.parametrize("identity", [Identity("proxy", 1), Identity("server", 0)],
-                         ids=["another-shards-proxy", "a-server-key"])
-def test_a_key_outside_its_scope_is_forbidden_at_this_shard(identity: Identity) -> None:
+                         ids=["another-process-proxy", "a-server-key"])
+def test_a_key_outside_its_scope_is_forbidden_at_this_server(identity: Identity) -> None:
     core = make_core(cfg=CFG5)
     hello = Hello(role="worker", worker=1, config_hash=CFG5.config_hash)
     reply = only(core.handle(message(hello, identity=identity), 0.0))
     assert reply.header.code == ErrorCode.FORBIDDEN.value
-    assert "not admitted at shard 0" in reply.header.message
+    assert "not admitted at server-0" in reply.header.message

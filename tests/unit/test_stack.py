@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from common.errors import ConfigError
-from common.keys import KeyRing, create_keys
-from ps.deploy.compose import Deployment, deployment, read_env
+from common.keys import KeyRing, create_keys, needed_keys
+from common.sharding import parse_servers
+from ps.deploy.compose import Deployment, deployment, read_env, service_environments
 from ps.deploy.stack import (
     ARGS_MARK,
     KEYS_MARK,
@@ -31,6 +32,7 @@ from ps.deploy.stack import (
     service_keys,
     stack_spec,
 )
+from server.options import ServerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "docker" / "cluster.env"
@@ -281,3 +283,117 @@ def test_check_detects_a_changed_env_file(tmp_path: Path,
     assert "  worker-5:" in out.read_text() and "  worker-6:" not in out.read_text()
     env.write_text(env.read_text() + "PS_NOT_A_SETTING=1\n")
     assert main(["--check", "-o", str(out)]) == 2
+
+
+# --- fewer server processes than shards (PS_SERVER_PROCESSES) --------------------------
+
+def _blocks_dep(processes: str | None = "2", **options: Any) -> Deployment:
+    """The default env file with ``PS_SERVER_PROCESSES`` set (None: left out)."""
+    env = {k: v for k, v in read_env(ENV_FILE).items() if k != "PS_SERVER_PROCESSES"}
+    if processes is not None:
+        env["PS_SERVER_PROCESSES"] = processes
+    return deployment(env, {**DEFAULT, **options})
+
+
+def test_two_server_processes_host_four_shards() -> None:
+    """S=4, P=2: services server-0 (shards 0-1) and server-2 (2-3), named by their first
+    shard; one endpoint per process in every PS_SERVERS; the proxy of shard 0 fronts the
+    process hosting it, corrupting shard 0 alone."""
+    dep = _blocks_dep()
+    assert dep.cfg.num_shards == 4
+    assert dep.blocks == ((0, 1), (2, 3)) and dep.proxied == (0,)
+    services = stack_spec(dep)["services"]
+    assert list(services) == ["server-0", "server-2", "proxy-0",
+                              *(f"worker-{i}" for i in range(8)), "evaluator"]
+    env = {name: service["environment"] for name, service in services.items()}
+    assert env["server-0"]["PS_SHARD"] == "0-1" and env["server-2"]["PS_SHARD"] == "2-3"
+    # what ps-server makes of it: the hosted shards
+    assert ServerOptions(shard=env["server-2"]["PS_SHARD"]).shards(dep.cfg) == (2, 3)
+    assert env["proxy-0"]["PS_PROXY_SERVER"] == "tcp://server-0:5550"
+    assert env["proxy-0"]["PS_PROXY_SHARD"] == "0-1"
+    assert env["proxy-0"]["PS_PROXY_SHARDS"] == "0"
+    for i in range(8):
+        servers = env[f"worker-{i}"]["PS_SERVERS"]
+        assert servers == "tcp://proxy-0:5550,tcp://server-2:5550"
+        # what ps-worker makes of it: each endpoint hosts its block, in shard order
+        assert parse_servers(servers, 4) == [((0, 1), "tcp://proxy-0:5550"),
+                                             ((2, 3), "tcp://server-2:5550")]
+    assert env["evaluator"]["PS_SERVERS"] == "tcp://server-0:5550,tcp://server-2:5550"
+    assert all("PS_SERVER_PROCESSES" not in e for e in env.values())  # a topology setting
+    for name in ("server-0", "server-2", "proxy-0"):
+        assert "healthcheck" in services[name]
+    assert set(stack_spec(dep)["volumes"]) == {f"runs-{name}" for name in services}
+
+
+def test_two_server_processes_secrets_are_the_needed_keys_of_process_names(
+        tmp_path: Path) -> None:
+    """Each service gets needed_keys of its own name, the proxies named by the process
+    they front; the header's ps-keys arguments write every secret the stack declares,
+    and each service's secrets are enough for what its process loads."""
+    dep = _blocks_dep()
+    spec = stack_spec(dep)
+    keys = service_keys(dep)
+    for name, service in spec["services"].items():
+        assert keys[name] == needed_keys(name, 4, 8, [0]), name
+        assert [m["source"] for m in service["secrets"]] == keys[name]
+    assert "proxy-0.key" in keys["server-0"] and "proxy-0.key" not in keys["server-2"]
+    assert keys["proxy-0"][:3] == ["proxy-0.key_secret", "server-0.key_secret", "server-0.key"]
+    text = render(dep, DEFAULT)
+    assert KEYS_MARK + "--shards 4 --workers 8 --proxies 0" in text.splitlines()
+    assert "4 shards on 2 server processes (0-1, 2-3)" in text
+    everything = tmp_path / "all"
+    create_keys(everything, 4, 8, proxies=dep.proxied)
+    assert set(spec["secrets"]) <= set(os.listdir(everything))
+    assert "server-1.key_secret" not in spec["secrets"]  # no process speaks as server-1
+    for service, files in keys.items():
+        directory = tmp_path / service
+        directory.mkdir()
+        for file in files:
+            shutil.copy(everything / file, directory / file)
+        ring = KeyRing(directory)
+        if service.startswith("server-"):
+            ring.server_curve(int(service.split("-")[1]), 8)
+        elif service.startswith("proxy-"):
+            ring.client_curve(service, 0)
+            ring.front_curve(0, 8)
+        else:
+            for first in (0, 2):
+                ring.client_curve(service, first)
+
+
+def test_proxies_before_two_server_processes_corrupt_their_own_shards() -> None:
+    """--proxy-shards 0,3 over blocks 0-1 and 2-3: proxy-0 corrupts shard 0, proxy-2
+    shard 3; every worker reaches both processes through their proxies."""
+    dep = _blocks_dep(proxy_shards=[0, 3])
+    assert dep.proxied == (0, 2)
+    services = stack_spec(dep)["services"]
+    assert [name for name in services if name.startswith("proxy-")] == ["proxy-0", "proxy-2"]
+    env = {name: service["environment"] for name, service in services.items()}
+    assert (env["proxy-0"]["PS_PROXY_SHARD"], env["proxy-0"]["PS_PROXY_SHARDS"]) == ("0-1", "0")
+    assert (env["proxy-2"]["PS_PROXY_SHARD"], env["proxy-2"]["PS_PROXY_SHARDS"]) == ("2-3", "3")
+    assert env["proxy-2"]["PS_PROXY_SERVER"] == "tcp://server-2:5550"
+    assert env["worker-0"]["PS_SERVERS"] == "tcp://proxy-0:5550,tcp://proxy-2:5550"
+    assert service_keys(dep)["server-2"] == needed_keys("server-2", 4, 8, [0, 2])
+    assert "proxy-2.key" in service_keys(dep)["server-2"]
+    assert KEYS_MARK + "--shards 4 --workers 8 --proxies 0,2" in render(
+        dep, {**DEFAULT, "proxy_shards": [0, 3]}).splitlines()
+    # a proxied shard that is not a process's first: the proxy is still named by it
+    one = _blocks_dep(proxy_shards=[3])
+    assert one.proxied == (2,) and "proxy-2" in stack_spec(one)["services"]
+    assert stack_spec(one)["services"]["proxy-2"]["environment"]["PS_PROXY_SHARDS"] == "3"
+
+
+def test_server_processes_default_and_range() -> None:
+    """Left out, PS_SERVER_PROCESSES is min(S, 4), as ps-cluster's default; P = S is one
+    shard per process, as before; more processes than shards, or none, is refused."""
+    assert _blocks_dep(None).blocks == ((0,), (1,), (2,), (3,))
+    assert _blocks_dep("4").blocks == ((0,), (1,), (2,), (3,))
+    env = {**read_env(ENV_FILE), "PS_SHARDS": "8"}
+    env.pop("PS_SERVER_PROCESSES")
+    assert deployment(env, DEFAULT).blocks == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert list(service_environments(_blocks_dep("1"))) == [
+        "server-0", "proxy-0", *(f"worker-{i}" for i in range(8)), "evaluator"]
+    assert service_environments(_blocks_dep("1"))["server-0"][1]["PS_SHARD"] == "0-3"
+    for bad in ("5", "0", "two"):
+        with pytest.raises(ConfigError, match=r"PS_SERVER_PROCESSES|--server-processes"):
+            _blocks_dep(bad)

@@ -2,7 +2,7 @@
 frames out, a fake clock.
 
 The core is driven with replies encoded and decoded by the real protocol code; what it
-sends is decoded back. Two shards: shard 0 holds x[0:4], shard 1 x[4:10].
+sends is decoded back. Two shards: shard 0 holds x[0:5], shard 1 x[5:10].
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from worker.core import (
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0,
                 rounds=6).validate()
 ENDPOINTS = ["tcp://s0:1", "tcp://s1:1"]
-RANGES = [(0, 4), (4, 10)]
+RANGES = [(0, 5), (5, 10)]  # shard_ranges(D, 2)
 D = 10
 TIMEOUT = 10.0
 RETRIES = 2
@@ -52,7 +52,7 @@ WORKER = 1
 
 def welcome(shard: int, round_: int = 0) -> Welcome:
     start, stop = RANGES[shard]
-    return Welcome(shard=shard, num_shards=2, start=start, stop=stop, d=D, round=round_,
+    return Welcome(shards=[shard], num_shards=2, d=D, length=stop - start, round=round_,
                    rounds=CFG.rounds)
 
 
@@ -68,7 +68,7 @@ def x_of(round_: int) -> np.ndarray:
 
 def params(shard: int, round_: int) -> Message:
     start, stop = RANGES[shard]
-    return reply(Params(round=round_, shard=shard, length=stop - start),
+    return reply(Params(round=round_, shards=[shard], length=stop - start),
                  x_of(round_)[start:stop])
 
 
@@ -82,7 +82,7 @@ def gradient(round_: int) -> np.ndarray:
 
 def sent(sends: list[Send]) -> list[tuple[int, bool, Header]]:
     """(shard, on a new connection, header) of each message the core sends."""
-    return [(s.shard, s.reopen, decode(s.frames).header) for s in sends]
+    return [(s.link, s.reopen, decode(s.frames).header) for s in sends]
 
 
 def pushed(send: Send) -> tuple[Push, np.ndarray]:
@@ -121,7 +121,8 @@ def test_hello_learns_the_shard_ranges_and_d() -> None:
     core.handle(0, reply(welcome(0, round_=2)), 0.0)
     assert not core.pending
     assert [w.round for w in core.outcome] == [2, 0]  # type: ignore[attr-defined]
-    assert core.ranges == RANGES and core.d == D
+    assert [link.slices.ranges for link in core.links] == [(r,) for r in RANGES]
+    assert core.d == D
 
 
 def test_endpoints_in_the_wrong_order_are_a_configuration_error() -> None:
@@ -133,8 +134,8 @@ def test_endpoints_in_the_wrong_order_are_a_configuration_error() -> None:
 
 
 def test_a_wrong_number_of_endpoints_is_refused() -> None:
-    with pytest.raises(ConfigError, match="1 server endpoints given for S=2"):
-        ClientCore(CFG, "worker", WORKER, ENDPOINTS[:1])
+    with pytest.raises(ConfigError, match="3 server endpoints given for S=2"):
+        ClientCore(CFG, "worker", WORKER, [*ENDPOINTS, "tcp://s2:1"])
 
 
 def test_pull_assembles_x_from_the_shards() -> None:
@@ -149,7 +150,8 @@ def test_pull_assembles_x_from_the_shards() -> None:
 def test_params_of_another_round_are_a_peer_error() -> None:
     core = make_core()
     core.pull(3, 1.0)
-    with pytest.raises(PeerError, match="shard 1 sent round 4 with 6 values, expected round 3"):
+    with pytest.raises(PeerError, match="s1:1 sent round 4 of shards 1 with 5 values, "
+                       "expected round 3 of shards 1"):
         core.handle(1, params(1, 4), 1.0)
 
 
@@ -233,8 +235,8 @@ def test_a_resent_push_refused_as_a_repeat_counted_and_pulls_the_next_round() ->
     resend = core.tick(2 * TIMEOUT + 1)
     assert sent(resend)[0] == hello_again(0)
     header, values = pushed(resend[1])
-    assert header == Push(round=2, worker=WORKER, length=4)
-    np.testing.assert_array_equal(values, gradient(2)[:4])
+    assert header == Push(round=2, worker=WORKER, length=5)
+    np.testing.assert_array_equal(values, gradient(2)[:5])
     assert len(resend) == 2  # the PULL waits for the re-push's answer
     # any answer to the re-push will do, then the PULL
     assert sent(core.handle(0, error(ErrorCode.STALE_ROUND, 3), 2 * TIMEOUT + 2)) == [
@@ -336,12 +338,12 @@ def test_a_server_behind_the_worker_gets_the_rounds_it_lacks_replayed() -> None:
     replay = core.handle(0, error(ErrorCode.WRONG_ROUND, 2), 1.0)  # resumed at round 2
     for t in (2, 3):
         header, values = pushed(replay[0])
-        assert header == Push(round=t, worker=WORKER, length=4, pull_next=True)
-        np.testing.assert_array_equal(values, gradient(t)[:4])
+        assert header == Push(round=t, worker=WORKER, length=5, pull_next=True)
+        np.testing.assert_array_equal(values, gradient(t)[:5])
         replay = core.handle(0, params(0, t + 1), 1.0 + t)
     header, values = pushed(replay[0])  # then the push of the current round again
-    assert header == Push(round=4, worker=WORKER, length=4, pull_next=True)
-    np.testing.assert_array_equal(values, gradient(4)[:4])
+    assert header == Push(round=4, worker=WORKER, length=5, pull_next=True)
+    np.testing.assert_array_equal(values, gradient(4)[:5])
     core.handle(0, params(0, 5), 5.0)
     np.testing.assert_array_equal(core.outcome.params, x_of(5))  # type: ignore[attr-defined]
 

@@ -1,0 +1,106 @@
+"""The shards one server process hosts, stepped together (no sockets).
+
+A worker's PUSH to a process carries its gradient's slices of every shard the process
+hosts, concatenated in shard order (``common.sharding.ServerSlices``), so the hosted
+shards receive the same workers' rows in the same rounds and move in lockstep: one
+round, one deadline, one participation for the process. Each shard keeps everything
+else of its own, exactly as a shard alone in its process: its ``ShardState`` (the
+parameters, the rule and its state, seeded by its own index), its metrics line and its
+checkpoint file. A process hosting one shard is a group of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from common.config import RunConfig
+from common.protocol import Message
+from common.pushes import PushWindow, check_push
+from common.sharding import ServerSlices
+from server.shard import RoundMetrics, ShardState
+
+
+class ShardGroup:
+    """The ``ShardState`` of each hosted shard, and where each lies in a message."""
+
+    def __init__(self, cfg: RunConfig, shards: Sequence[int], initial: np.ndarray) -> None:
+        self.cfg = cfg
+        self.slices = ServerSlices.of(initial.size, cfg.num_shards, shards)
+        self.shards = self.slices.shards
+        self.first = self.shards[0]  # the process's name: server-<first>, proxy-<first>
+        self.d = initial.size
+        self.size = self.slices.length
+        self.states = [ShardState(cfg, s, initial[a:b])
+                       for s, (a, b) in zip(self.shards, self.slices.ranges, strict=True)]
+        self.offsets = self.slices.offsets
+
+    # The round-level view: every hosted shard is at the same round with the same rows
+    # (a round steps all of them or none, ``step``).
+    @property
+    def round(self) -> int:
+        return self.states[0].round
+
+    @property
+    def finished(self) -> bool:
+        return self.states[0].finished
+
+    @property
+    def complete(self) -> bool:
+        return self.states[0].complete
+
+    @property
+    def pushes(self) -> int:
+        return self.states[0].pushes
+
+    @property
+    def received(self) -> np.ndarray:
+        return self.states[0].received
+
+    def counted(self, round_: int, worker: int) -> bool:
+        """Worker ``worker``'s push of ``round_`` is already in (see ``ShardState``)."""
+        return self.states[0].counted(round_, worker)
+
+    def params_at(self, round_: int) -> list[np.ndarray] | None:
+        """Each hosted shard's parameters at ``round_`` (None: still to come; ``Refused``
+        as ``ShardState.params_at``)."""
+        found = [state.params_at(round_) for state in self.states]
+        if found[0] is None:
+            return None
+        return found  # type: ignore[return-value]
+
+    def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
+        """Validate one push of the whole group's slices (``Refused`` as
+        ``common.pushes.check_push``, storing nothing) and store each shard's part."""
+        message = isinstance(values, Message)
+        length = values.header.length if message else values.size  # type: ignore[union-attr]
+        first = self.states[0]
+        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
+                            current=first.round, oldest=first.round, newest=first.round)
+        check_push(window, round_, worker, length, first.finished, first.received)
+        for state, offset in zip(self.states, self.offsets, strict=True):
+            if message:
+                values.tensor_part_into(offset, state.grads[worker])  # type: ignore[union-attr]
+            else:
+                state.grads[worker] = values[offset:offset + state.size]  # type: ignore[index]
+            state.received[worker] = True
+            state.pushes += 1
+
+    def step(self) -> list[tuple[int, RoundMetrics]]:
+        """Aggregate the round on every hosted shard, or on none: if one shard's rule
+        raises (``RuleError`` for rows it cannot take, or a bug), the rule states of the
+        shards aggregated before it are put back and the round stays open on all of them;
+        (shard, metrics) of each."""
+        saved = [{k: np.array(v, copy=True) for k, v in state.defence.state.items()}
+                 for state in self.states]
+        done = []
+        try:
+            for state in self.states:
+                done.append(state.aggregate())
+        except BaseException:
+            for state, before in zip(self.states, saved, strict=True):
+                state.defence.state = before
+            raise
+        return [(state.shard, state.commit(result))
+                for state, result in zip(self.states, done, strict=True)]
