@@ -10,19 +10,21 @@ command's function then rebuilds the dataclass instances with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
 from common.errors import EXIT_CODES_TEXT, ConfigError
+from common.runfile import CONFIG_PARAM, PRINT_PARAM, loader, print_config
 from common.settings import Command, Declared, parse_int_list
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True,
                     "max_content_width": 100}
 EPILOG = (EXIT_CODES_TEXT + " Every option can also be set with the PS_* environment "
-          "variable shown (flag > environment > default).")
+          "variable shown, or in a --config file (flag > environment > file > default).")
 
 
 def options_for(command: Command) -> Callable[[Callable], Callable]:
@@ -41,13 +43,36 @@ def options_for(command: Command) -> Callable[[Callable], Callable]:
     return apply
 
 
-def settings_command(command: Command) -> Callable[[Callable], click.Command]:
+def settings_command(command: Command, everyone: Mapping[str, Command] | None = None,
+                     ) -> Callable[[Callable], click.Command]:
     """A decorator making the click command ``command`` whose options are the settings
-    it takes (and the common help and epilog)."""
+    it takes, ``--config FILE`` (a run file: ``common.runfile``; its keys may be the
+    settings of any command of ``everyone``) and ``--print-config``, with the common
+    help and epilog."""
 
     def make(f: Callable) -> click.Command:
+        @functools.wraps(f)
+        def run(**values: Any) -> Any:
+            values.pop(CONFIG_PARAM, None)
+            if values.pop(PRINT_PARAM, False):
+                print_config(click.get_current_context(), command)
+                return None
+            return f(**values)
+
+        config = click.option(
+            "--config", CONFIG_PARAM, type=click.Path(exists=True, dir_okay=False,
+                                                      path_type=Path),
+            envvar="PS_CONFIG", show_envvar=True, is_eager=True,
+            callback=loader(command, everyone),
+            help="Run settings from this TOML file, by their flags' names (rule = "
+                 "\"marmed\", workers = 20, byzantine-workers = [0, 1]); the flags and "
+                 "PS_* variables win over it, it wins over the defaults. One file serves "
+                 "every command of a run: each takes its own settings from it.")
+        show = click.option("--print-config", PRINT_PARAM, is_flag=True,
+                            help="Print the resolved settings as a run file, each with "
+                                 "where it came from, and exit.")
         return click.command(command.name, context_settings=CONTEXT_SETTINGS,
-                             epilog=EPILOG)(options_for(command)(f))
+                             epilog=EPILOG)(config(show(options_for(command)(run))))
 
     return make
 

@@ -13,7 +13,8 @@ derived from that declaration:
 * the checks of ranges and choices, whatever the source (``check_ranges``);
 * the option tables of the README (``scripts/gen_docs.py``).
 
-Precedence, everywhere: command-line flag > ``PS_*`` environment variable > default.
+Precedence, everywhere: command-line flag > ``PS_*`` environment variable > the
+``--config`` run file (``common/runfile.py``) > default.
 
 Roles name the kinds of process, not the commands: ``ps-worker`` serves the roles
 ``worker`` and ``evaluator`` (a :class:`Command` names its roles). ``ps-experiment``,

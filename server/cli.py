@@ -20,7 +20,7 @@ COMMAND = COMMANDS["ps-server"]
 def build_command() -> click.Command:
     """The ``ps-server`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND)
+    @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
         """Run one server process: aggregate its --shard(s) of the model with the rule.
 

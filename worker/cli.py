@@ -22,7 +22,7 @@ COMMAND = COMMANDS["ps-worker"]
 def build_command() -> click.Command:
     """The ``ps-worker`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND)
+    @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
         """Run one worker: each round pull the parameters from every shard, compute a
         stochastic gradient on this worker's data partition, push each shard its slice.

@@ -13,6 +13,12 @@ keys; ``[[only]]`` tables, if any, keep only the cells that match at least one; 
 tables a list means any of its values. For an optional setting (``pre``, ``q``) ``""``
 means unset.
 
+``base = "run.toml"`` (a path relative to the grid file) starts the grid from a run
+file (``common.runfile``, ``--config``'s): its settings are the grid's where the grid
+does not give them, each one value (a run setting holding a list, such as
+``byzantine-workers``, one point); its keys of settings no run takes (``bind``,
+``servers``...) are left, as every command leaves the others'.
+
 The settings of the whole invocation (``data-dir``, ``eval-every``, ``eval-samples``)
 take one value. ``[report]`` may name the axes of a worst-case heat map: ``rows``,
 ``columns`` and ``worst_over`` (an axis; ``defence``: the pre-aggregation chain and the
@@ -41,6 +47,7 @@ from common.attacks import ATTACKS, NO_ATTACK
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.rules import RuleError
+from common.runfile import read_run_file
 from common.settings import EXPERIMENT, SIMULATE, Command, Declared, check_value, declared
 from ps.commands import COMMANDS
 from ps.experiments.grid import Cell
@@ -52,7 +59,7 @@ else:  # the same parser, before it entered the standard library
 
 SEEDS = "seeds"
 SEED = "seed"
-EXCLUDE, ONLY, REPORT = "exclude", "only", "report"
+EXCLUDE, ONLY, REPORT, BASE = "exclude", "only", "report", "base"
 DEFENCE = "defence"  # a report axis: the pre-aggregation chain and the rule together
 HETEROGENEITY = "heterogeneity"  # a report axis: the partition with its alpha or gamma
 PARTITION_KEYS = ("partition", "alpha", "gamma")  # the grid keys HETEROGENEITY stands for
@@ -126,13 +133,38 @@ def load_grid(path: Path) -> GridFile:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not TOML: {exc}") from None
+    if BASE in data:
+        if not isinstance(data[BASE], str):
+            raise ConfigError(f"{path.name}: key 'base' names a run file, got {data[BASE]!r}")
+        data = {**base_of(path.parent / data[BASE]), **data}
+        del data[BASE]
     return parse_grid(data, path.name)
+
+
+def base_of(path: Path) -> dict[str, Any]:
+    """The grid keys that the run file at ``path`` gives (see the module docstring);
+    ``ConfigError`` for a key no command takes, or a table."""
+    cells_known, invocation_known = cell_settings(), invocation_settings()
+    everyone = {key_of(d) for c in COMMANDS.values() for d in c.settings()}
+    out: dict[str, Any] = {}
+    for raw, value in read_run_file(path).items():
+        key = raw.replace("_", "-")
+        if isinstance(value, dict) or key not in everyone:
+            close = difflib.get_close_matches(key, sorted(everyone), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: {raw!r} is not a setting{hint}")
+        if key in cells_known:
+            kind = cells_known[key][1].kind
+            out[key] = [value] if kind is tuple and isinstance(value, list) else value
+        elif key in invocation_known:
+            out[key] = value
+    return out
 
 
 def parse_grid(data: Mapping[str, Any], name: str) -> GridFile:
     """The grid of a grid file's parsed ``data`` (``name``: for messages)."""
     cells_known, invocation_known = cell_settings(), invocation_settings()
-    grid_keys = (SEEDS, EXCLUDE, ONLY, REPORT)
+    grid_keys = (SEEDS, EXCLUDE, ONLY, REPORT, BASE)
     known = [*cells_known, *invocation_known, *grid_keys]
     for key in data:
         if key not in known:
@@ -140,7 +172,7 @@ def parse_grid(data: Mapping[str, Any], name: str) -> GridFile:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{name}: unknown key {key!r}{hint}; a grid file's keys are "
                               "the run settings' flags without '--', and seeds, exclude, "
-                              "only, report")
+                              "only, report, base")
     invocation = {}
     for key, d in invocation_known.items():
         if key in data:

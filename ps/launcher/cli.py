@@ -32,7 +32,7 @@ RESUME_OWN_OPTIONS = ("verify", "max_restarts", "run_timeout_s")
 def build_command() -> click.Command:
     """The ``ps-cluster`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND)
+    @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
         """Start S servers, proxies, n workers and the evaluator as local processes and
         train; show progress; leave logs and metrics in --out-dir.

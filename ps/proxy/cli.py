@@ -22,7 +22,7 @@ COMMAND = COMMANDS["ps-proxy"]
 def build_command() -> click.Command:
     """The ``ps-proxy`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND)
+    @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
         """Relay between the workers and one server process, corrupting values in flight.
 

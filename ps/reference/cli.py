@@ -21,7 +21,7 @@ COMMAND = COMMANDS["ps-simulate"]
 def build_command() -> click.Command:
     """The ``ps-simulate`` command, its options derived from the settings declarations."""
 
-    @settings_command(COMMAND)
+    @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
         """Run the same training as ps-cluster in one process (no sockets) and print
         test accuracy every --eval-every rounds and the final parameters' sha256; with
