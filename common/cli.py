@@ -69,6 +69,7 @@ def settings_command(command: Command, everyone: Mapping[str, Command] | None = 
                  "PS_* variables win over it, it wins over the defaults. One file serves "
                  "every command of a run: each takes its own settings from it.")
         show = click.option("--print-config", PRINT_PARAM, is_flag=True,
+                            envvar="PS_PRINT_CONFIG", show_envvar=True,
                             help="Print the resolved settings as a run file, each with "
                                  "where it came from, and exit.")
         return click.command(command.name, context_settings=CONTEXT_SETTINGS,

@@ -36,6 +36,8 @@ else:  # the same parser, before it entered the standard library
 
 CONFIG_PARAM = "config"
 PRINT_PARAM = "print_config"
+# Every settings command's two options about its settings, which are no settings
+RUN_FILE_FLAGS = ("--config", "--print-config")
 
 
 def read_run_file(path: Path) -> dict[str, Any]:

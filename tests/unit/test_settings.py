@@ -19,6 +19,7 @@ from common.attacks import ATTACKS, VectorAttack, register_attack
 from common.config import AttackConfig, RunConfig
 from common.keys import SecurityOptions
 from common.rules import RULES, Rule, register_rule
+from common.runfile import RUN_FILE_FLAGS
 from common.settings import (
     ALL_ROLES,
     EVALUATOR,
@@ -188,8 +189,8 @@ def _entry_points() -> dict[str, click.Command]:
 def _setting_flags(command: click.Command) -> set[str]:
     """The flags of the settings a command (and its subcommands) shows: the options
     with a PS_* variable."""
-    flags = {p.opts[0] for p in command.params
-             if isinstance(p, click.Option) and p.envvar and not p.hidden}
+    flags = {p.opts[0] for p in command.params if isinstance(p, click.Option) and p.envvar
+             and not p.hidden and p.opts[0] not in RUN_FILE_FLAGS}
     for sub in getattr(command, "commands", {}).values():
         flags |= _setting_flags(sub)
     return flags
@@ -203,6 +204,7 @@ def test_every_flag_of_every_command_is_in_the_readme_settings_table() -> None:
     assert set(COMMANDS) <= set(commands)
     missing = {name: sorted(_setting_flags(c) - documented) for name, c in commands.items()}
     assert not any(missing.values()), f"flags missing from the README: {missing}"
+    assert all(f"`{flag}" in readme for flag in RUN_FILE_FLAGS)  # "In a file"
     shown = set().union(*map(_setting_flags, commands.values()))
     assert {"--keys", "--insecure", "--replay", "--workers", "--eval-every"} <= shown
 
@@ -215,8 +217,11 @@ def test_each_command_takes_exactly_the_settings_its_table_entry_names(name: str
            ("ps-experiment", "report"): []}
     for sub in getattr(command, "commands", {}).values() or [command]:
         wanted = [d.param for d in own.get((name, sub.name), COMMANDS[name].settings())]
-        taken = [p.name for p in sub.params if isinstance(p, click.Option) and p.envvar]
+        taken = [p.name for p in sub.params if isinstance(p, click.Option) and p.envvar
+                 and p.opts[0] not in RUN_FILE_FLAGS]
         assert taken == wanted, sub.name
+        if sub is command and name != "ps-experiment":  # and the run file's two options
+            assert {o for p in sub.params for o in p.opts} >= set(RUN_FILE_FLAGS)
 
 
 def test_every_role_is_served_by_one_command() -> None:
