@@ -2,7 +2,7 @@
 # Install everything the project needs on a fresh Debian machine (root) with access
 # to the package registries only: the Fashion-MNIST dataset package, iptables (for the
 # network-namespace test), a CPU torch,
-# then the project itself with its test extras.
+# then the project itself with its test and TensorBoard extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,5 +28,5 @@ PIP="${PIP:-python3 -m pip}"
 # torch first, pinned to the CPU build on this machine's disk: the project's own
 # requirement is a range (torch>=2.1) that this satisfies, so pip adds nothing larger.
 $PIP install -q --disable-pip-version-check "torch==${TORCH_VERSION:-2.13.0}"
-$PIP install -q --disable-pip-version-check -e '.[test]'
+$PIP install -q --disable-pip-version-check -e '.[test,tensorboard]'
 echo "install: done ($(python3 -c 'import torch, zmq, numba; print("torch", torch.__version__, "pyzmq", zmq.__version__, "numba", numba.__version__)'))" >&2

@@ -146,7 +146,21 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
         progress(f"{_bar(done, len(todo))} {done}/{len(todo)} | elapsed {elapsed:.0f} s, "
                  f"ETA {eta:.0f} s | {cell.label()}: top-1 "
                  f"{result['points'][-1]['top1']:.3f} ({result['seconds']:.0f} s)")
+    _write_events(how.out, cells, results)
     return [{**results[c.key], **c.tags()} for c in cells]
+
+
+def _write_events(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]]) -> None:
+    """With TensorBoard installed, each cell's evaluation points in
+    ``out/tensorboard/<cell label>/`` (once per cell; the grid's runs side by side)."""
+    from ps.plots.tensorboard import EVENTS_DIR, available, write_points
+
+    if not available():
+        return
+    for cell in {c.key: c for c in cells}.values():
+        logdir = out / EVENTS_DIR / cell.label().replace(" ", "_")
+        if not logdir.exists():
+            write_points(logdir, results[cell.key]["points"])
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:

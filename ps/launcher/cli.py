@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,9 @@ from ps.commands import COMMANDS
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
 from worker.options import ClientOptions, EvalOptions
+
+if TYPE_CHECKING:
+    from ps.launcher.report import Progress
 
 COMMAND = COMMANDS["ps-cluster"]
 # what --resume takes from its own command line; every other setting is the run's
@@ -70,6 +73,7 @@ def spec_from(values: dict[str, Any], process: ProcessOptions):
 def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     from ps.launcher.cluster import Cluster, resumable_spec
     from ps.plots.run_figures import draw_finished_run
+    from ps.plots.tensorboard import run_events
 
     spec = spec_from(values, process)
     if spec.cluster.resume is not None:  # the run's settings; this command's own options
@@ -96,7 +100,19 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
                f"{', evaluator' if evaluator else ''}; rule {cfg.rule} (q={cfg.q}); "
                f"output in {out}", err=True)
     display = ProgressLine(cfg.rounds)
-    result = Cluster(spec).run(display.update)
+    events = run_events(out)  # TensorBoard, if installed: following the run
+
+    def on_progress(progress: Progress) -> None:
+        display.update(progress)
+        if events is not None:
+            events.update(progress.restarts, progress.round)
+
+    try:
+        result = Cluster(spec).run(on_progress)
+    finally:
+        if events is not None:
+            events.update()
+            events.close()
     display.finish()
     click.echo(summary_line(cfg.rounds, result.seconds, result.progress))
     click.echo(f"final parameters sha256 {result.digest}")

@@ -52,6 +52,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
                         replay: ReplayOptions) -> None:
     from common.data import load_dataset, write_partition
     from ps.plots.run_figures import ENGINE_FILE, draw_finished_run
+    from ps.plots.tensorboard import run_events
     from ps.reference.engine import simulate
     from ps.reference.participation import read_participation
     from worker.evaluator import Evaluator
@@ -97,6 +98,10 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
     click.echo(f"final parameters sha256 {result.digest}")
     if out:
         draw_finished_run(out)
+        events = run_events(out)
+        if events is not None:
+            events.update()
+            events.close()
 
 
 main = build_command()

@@ -104,6 +104,14 @@ def test_ps_cluster_draws_the_run_figures_when_it_finishes(processes, tmp_path: 
     for name in names:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    pytest.importorskip("tensorboard")  # the optional extra: the run's event files
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("test/top1")] == [0, 3, 6]
+    assert len(events.Scalars("proxy/corrupted_values/proxy-0")) == 6
+    assert {f"train/loss/worker-{i}" for i in range(4)} <= set(events.Tags()["scalars"])
 
 
 def test_a_failing_process_stops_the_cluster_and_is_named(tmp_path: Path,
