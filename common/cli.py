@@ -11,12 +11,15 @@ command's function then rebuilds the dataclass instances with
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
+from common import plugins
 from common.errors import EXIT_CODES_TEXT, ConfigError
 from common.runfile import CONFIG_PARAM, PRINT_PARAM, loader, print_config
 from common.settings import Command, Declared, parse_int_list
@@ -51,8 +54,18 @@ def settings_command(command: Command, everyone: Mapping[str, Command] | None = 
     help and epilog."""
 
     def make(f: Callable) -> click.Command:
+        # plugins named by dotted path are loaded first: their options become this
+        # command's (a plugin that cannot be loaded is refused when the command runs)
+        try:
+            plugins.load_named(plugins.scan_argv(sys.argv[1:], os.environ))
+            refused = None
+        except ConfigError as exc:
+            refused = exc
+
         @functools.wraps(f)
         def run(**values: Any) -> Any:
+            if refused is not None:
+                raise click.UsageError(str(refused))
             values.pop(CONFIG_PARAM, None)
             if values.pop(PRINT_PARAM, False):
                 print_config(click.get_current_context(), command)
@@ -94,8 +107,29 @@ def _click_option(d: Declared) -> Callable[[Callable], Callable]:
     return click.option(*names, **kwargs)
 
 
+class PluginChoice(click.Choice):
+    """A registry's names, or a plugin's dotted path ``package.module:Name``, loaded and
+    registered when given (a path that cannot be loaded is refused with why)."""
+
+    def __init__(self, choices: tuple[str, ...], kind: str) -> None:
+        super().__init__(choices)
+        self.kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and plugins.is_plugin_path(value):
+            try:
+                plugins.load(self.kind, value)
+            except ConfigError as exc:
+                self.fail(str(exc), param, ctx)
+            return value
+        return super().convert(value, param, ctx)
+
+
 def _click_type(d: Declared) -> click.ParamType | type:
     choices = d.choices
+    if choices is not None and d.param in plugins.NAMING:
+        return PluginChoice(choices, plugins.NAMING[d.param])
     if choices is not None:
         return click.Choice(choices)
     low, high = d.spec.minimum, d.spec.maximum

@@ -29,6 +29,7 @@ from common.budgets import excerpt
 from common.data import PARTITIONS, dataset_names
 from common.errors import ConfigError
 from common.models import MODELS
+from common.plugins import fingerprints
 from common.rules import RULES, RuleError, rule_class, rule_names
 from common.rules.defence import check_defence, rows_after_chain, with_option_settings
 from common.rules.pre import PRE_AGGREGATORS, parse_chain
@@ -174,11 +175,23 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return hashed_values(self)
 
+    def plugins(self) -> list[str]:
+        """The fingerprints of the plugins this run names (``common.plugins``: each
+        one's dotted path or entry point with its source's hash or package version)."""
+        names = [self.rule, *(p.strip() for p in (self.pre or "").split(",")), self.model,
+                 self.dataset]
+        return fingerprints(names)
+
     @property
     def config_hash(self) -> str:
         """Stable 16-hex-digit hash of the canonical JSON of every hashed setting (those
-        added later only where they differ from their defaults: ``hash_input``)."""
-        text = json.dumps(hash_input(self), sort_keys=True, separators=(",", ":"))
+        added later only where they differ from their defaults: ``hash_input``) and of
+        the plugins the run names, if any (their code: every node must run the same)."""
+        data = hash_input(self)
+        plugged = self.plugins()
+        if plugged:
+            data = {**data, "plugins": plugged}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     def differences(self, other: Mapping[Any, Any]) -> list[str]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.errors import ConfigError
+from common.plugins import load_entry_points
 from common.registry import Registry
 from common.seeding import derive_int_seed
 
@@ -124,6 +125,7 @@ register_model(ModelSpec("cnn", "the paper's CNN: 2x(conv 32) - pool - 2x(conv 6
 register_model(ModelSpec("wide", "not the paper's: fc 8192 - ReLU - fc 512 - ReLU - fc "
                          "classes (10.6M parameters on 28x28 inputs), to measure the cluster "
                          "at large d", _wide))
+load_entry_points("models")  # installed packages' models (byzps.models)
 
 
 def build_model(

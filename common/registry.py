@@ -35,7 +35,11 @@ class Registry(Mapping[str, T], Generic[T]):
         """Add ``item`` under ``item.name`` (after the registry's ``check`` of it) and
         return it: a class decorator, or a call. ``ValueError`` if the name is taken or
         reserved."""
-        name = item.name  # type: ignore[attr-defined]
+        return self.add(item.name, item)  # type: ignore[attr-defined]
+
+    def add(self, name: str, item: T) -> T:
+        """Add ``item`` under ``name`` (a plugin's dotted path or entry-point name: its
+        own ``name`` stays what its messages say), after the registry's ``check``."""
         if name in self._items or name in self.reserved:
             raise ValueError(f"{self.what} name {name!r} is taken")
         if self.check is not None:

@@ -39,7 +39,10 @@ def build_command() -> click.Command:
             keys = security.ring(COMMAND.name)
             options.check(cfg)
             from common.model_init import initial_parameters
+            from common.rules.defence import probe_defence
             from server.node import serve
+
+            probe_defence(cfg)  # a broken rule (a plugin's) refused now, in one line
 
             serve(cfg, options, process, initial_parameters(cfg), keys)
 

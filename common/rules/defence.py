@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.errors import ConfigError
 from common.rules.base import RULES, Rule, Step, make_rule, option_settings
 from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows, check_chain
 from common.settings import METADATA_KEY, ROLES, Declared
@@ -58,6 +59,24 @@ def check_defence(cfg: RunConfig, rows: int) -> int:
     the rule then gets. ``RuleError`` naming the step that cannot."""
     return check_chain(cfg.pre_names(), cfg.rule, rows, cfg.q, pre_options(cfg),
                        rule_options(cfg))
+
+
+def probe_defence(cfg: RunConfig, width: int = 64) -> None:
+    """Aggregate a seeded (n, ``width``) matrix with a fresh defence of ``cfg`` (the
+    chain and the rule): its kernels compiled or loaded, and a rule that raises or
+    returns anything but (width,) float32 (a broken plugin) refused at start with one
+    line, ``ConfigError``, instead of at every round."""
+    import torch
+
+
+    rows = np.random.default_rng(0).standard_normal((cfg.num_workers, width),
+                                                    dtype=np.float32)
+    try:
+        Defence(cfg)(torch.from_numpy(rows), RoundContext(cfg.seed))
+    except Exception as exc:  # a user's rule: whatever it raises is a refusal
+        raise ConfigError(f"--rule {cfg.rule} (--pre {cfg.pre or 'none'}) fails on a "
+                          f"test matrix of {cfg.num_workers} rows: {type(exc).__name__}: "
+                          f"{exc}") from None
 
 
 def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:

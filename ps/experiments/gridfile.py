@@ -43,6 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from common import plugins
 from common.attacks import ATTACKS, NO_ATTACK
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
@@ -163,6 +164,9 @@ def base_of(path: Path) -> dict[str, Any]:
 
 def parse_grid(data: Mapping[str, Any], name: str) -> GridFile:
     """The grid of a grid file's parsed ``data`` (``name``: for messages)."""
+    for key, value in data.items():  # plugins by dotted path: registered before the checks
+        for one in value if isinstance(value, list) else [value]:
+            plugins.load_named({key.replace("-", "_"): one})
     cells_known, invocation_known = cell_settings(), invocation_settings()
     grid_keys = (SEEDS, EXCLUDE, ONLY, REPORT, BASE)
     known = [*cells_known, *invocation_known, *grid_keys]

@@ -23,6 +23,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from common import plugins
 from common.process import ProcessOptions, check_stop
 from ps.experiments.grid import Cell
 
@@ -45,6 +46,7 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
     from worker.evaluator import Evaluator
 
     torch.set_num_threads(1)  # one cell per core; and as the cluster's workers compute
+    plugins.load_named({**cell.run, **cell.attack})  # (a fresh process: its plugins)
     cfg, attack = cell.configs()
     key = (cfg.dataset, data_dir, cfg.seed)
     if key not in _datasets:

@@ -86,14 +86,9 @@ def _warm_defence(cfg: RunConfig) -> None:
     """Aggregate a small matrix with the run's defence (pre-aggregation chain and rule):
     their kernels are then compiled (or loaded from numba's cache) in the children
     already."""
-    import numpy as np
-    import torch
+    from common.rules.defence import probe_defence
 
-    from common.rules.defence import Defence
-    from common.rules.pre import RoundContext
-
-    rows = np.random.default_rng(0).standard_normal((cfg.num_workers, 64), dtype=np.float32)
-    Defence(cfg)(torch.from_numpy(rows), RoundContext(cfg.seed))
+    probe_defence(cfg)
 
 
 def role_command(module: str) -> Callable[..., None]:

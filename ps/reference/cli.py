@@ -38,6 +38,9 @@ def build_command() -> click.Command:
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
             attack = AttackConfig.build(values, roles).validate(cfg)
+            from common.rules.defence import probe_defence
+
+            probe_defence(cfg)  # a broken rule (a plugin's) refused now, in one line
             simulate_and_report(cfg, attack, take(ClientOptions, values, roles),
                                 take(EvalOptions, values, roles), process,
                                 take(ReplayOptions, values, roles))
