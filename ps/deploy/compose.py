@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from common import plugins
 from common.attacks import ATTACKS, NO_ATTACK, attack_names
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
@@ -179,7 +180,9 @@ def server_blocks_of(env: Mapping[str, str], num_shards: int) -> tuple[ShardSet,
 
 
 def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment:
-    """Parse and validate the env file's settings and the topology options."""
+    """Parse and validate the env file's settings and the topology options (a plugin the
+    env file names by dotted path is loaded from here first: its settings are known)."""
+    plugins.load_named(plugins.scan_argv([], env))
     # an env file may set the settings of the commands the containers run
     known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
     known.add(SERVER_PROCESSES.env)

@@ -90,3 +90,22 @@ def test_ps_list_shows_a_plugin_with_its_options(monkeypatch) -> None:
         ATTACKS._items.pop("my_defences:ScaledMean", None)
         plugins.FINGERPRINTS.pop("my_defences:ScaledMean", None)
         sys.modules.pop("my_defences", None)
+
+
+def test_a_compose_env_file_may_name_a_plugin_and_its_options(monkeypatch) -> None:
+    from ps.deploy.compose import deployment, read_env
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    root = EXAMPLES.parents[1]
+    env = {**read_env(root / "docker" / "cluster.env"), "PS_PROXY_ATTACK": "none",
+           "PS_WORKER_ATTACK": "my_defences:ScaledMean", "PS_SCALED_MEAN_FACTOR": "-2"}
+    try:
+        dep = deployment(env, {"proxy_shards": [], "byzantine_workers": [0],
+                               "worker_attack": "my_defences:ScaledMean"})
+        assert dep.attack.params["my_defences:ScaledMean"].factor == -2.0
+    finally:
+        from common.attacks import ATTACKS
+
+        ATTACKS._items.pop("my_defences:ScaledMean", None)
+        plugins.FINGERPRINTS.pop("my_defences:ScaledMean", None)
+        sys.modules.pop("my_defences", None)
