@@ -30,6 +30,21 @@ EPILOG = (EXIT_CODES_TEXT + " Every option can also be set with the PS_* environ
           "variable shown, or in a --config file (flag > environment > file > default).")
 
 
+def _preload() -> ConfigError | None:
+    """Load the plugins this process's command line, environment or ``--config`` file
+    name by dotted path, before any command or the run's settings (``common.config``,
+    which every command module imports after this one) is built: their options become
+    settings. What cannot be loaded is refused when a command runs, with one line."""
+    try:
+        plugins.load_named(plugins.scan_argv(sys.argv[1:], os.environ))
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+PRELOAD_ERROR = _preload()
+
+
 def options_for(command: Command) -> Callable[[Callable], Callable]:
     """A decorator adding the click options of the settings ``command`` takes."""
     found = command.settings()
@@ -54,18 +69,10 @@ def settings_command(command: Command, everyone: Mapping[str, Command] | None = 
     help and epilog."""
 
     def make(f: Callable) -> click.Command:
-        # plugins named by dotted path are loaded first: their options become this
-        # command's (a plugin that cannot be loaded is refused when the command runs)
-        try:
-            plugins.load_named(plugins.scan_argv(sys.argv[1:], os.environ))
-            refused = None
-        except ConfigError as exc:
-            refused = exc
-
         @functools.wraps(f)
         def run(**values: Any) -> Any:
-            if refused is not None:
-                raise click.UsageError(str(refused))
+            if PRELOAD_ERROR is not None:
+                raise click.UsageError(str(PRELOAD_ERROR))
             values.pop(CONFIG_PARAM, None)
             if values.pop(PRINT_PARAM, False):
                 print_config(click.get_current_context(), command)

@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
 def options_of(cls: type[Step], values: Any) -> dict[str, Any]:
     """The options rule (or pre-aggregator) ``cls`` declares as settings, from the run
-    settings ``values`` (a ``RunConfig``), by option name."""
-    return {d.name: getattr(values, d.param) for d in option_settings(cls)}
+    settings ``values`` (a ``RunConfig``), by option name; an option the run settings do
+    not hold (a plugin's, loaded after they were built: ``common.plugins``) at its
+    default."""
+    return {d.name: getattr(values, d.param, d.default) for d in option_settings(cls)}
 
 
 def rule_options(cfg: RunConfig) -> dict[str, Any]:

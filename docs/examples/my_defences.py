@@ -2,8 +2,8 @@
 
 Name them by dotted path wherever a rule or an attack is named:
 
-    ps-simulate --rule my_defences:MedianOfMeans --worker-attack my_defences:ScaledMean \
-        --byzantine-workers 0,1 --scaled-mean-factor -4
+    ps-simulate --rule my_defences:MedianOfMeans --mom-group 3 \
+        --worker-attack my_defences:ScaledMean --byzantine-workers 0,1 --scaled-mean-factor -4
 """
 
 from __future__ import annotations
@@ -15,22 +15,30 @@ import numpy as np
 import torch
 
 from common.attacks import VectorAttack
-from common.rules import Rule
+from common.rules import OptionSettings, Rule
 from common.settings import setting
 
 
 class MedianOfMeans(Rule):
-    """Median of means: the rows averaged in groups of two, then the coordinate-wise
-    median of the group means (a rule that needs q < n/4, say)."""
+    """Median of means: the rows averaged in consecutive groups of ``group``, then the
+    coordinate-wise median of the group means (a rule that needs q < n/4, say)."""
 
     name = "median-of-means"
-    summary = "coordinate-wise median of the means of consecutive pairs of rows"
+    summary = "coordinate-wise median of the means of consecutive groups of rows"
     needs = "4q < n"
     precondition = staticmethod(lambda n, q: 4 * q < n)
+    options = ("group",)
+    group: int
+
+    @dataclass(frozen=True)
+    class Settings(OptionSettings):
+        group: int = setting(2, "Median of means (a plugin's): rows per group.",
+                             flag="--mom-group", minimum=1)
 
     def aggregate(self, G: torch.Tensor) -> torch.Tensor:
-        n = G.shape[0] - G.shape[0] % 2
-        means = G[:n].reshape(n // 2, 2, G.shape[1]).mean(dim=1) if n else G
+        k = max(1, min(self.group, G.shape[0]))
+        n = G.shape[0] - G.shape[0] % k
+        means = G[:n].reshape(n // k, k, G.shape[1]).mean(dim=1)
         return means.median(dim=0).values
 
 

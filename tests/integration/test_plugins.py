@@ -23,7 +23,7 @@ EXAMPLE = ROOT / "docs" / "examples" / "my_defences.py"
 RULE, ATTACK = "my_defences:MedianOfMeans", "my_defences:ScaledMean"
 RUN = ["--dataset", "synthetic", "--workers", "5", "--q", "1", "--rounds", "6",
        "--eval-every", "3", "--rule", RULE, "--worker-attack", ATTACK,
-       "--byzantine-workers", "0", "--scaled-mean-factor", "-3"]
+       "--byzantine-workers", "0", "--scaled-mean-factor", "-3", "--mom-group", "3"]
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def test_a_users_rule_and_attack_run_through_simulate_and_the_cluster(home: Path
     config = json.loads((home / "sim" / "config.json").read_text())
     assert config["run"]["rule"] == RULE and config["attack"]["worker_attack"] == ATTACK
     assert config["attack"]["params"]["my_defences:ScaledMean"]["factor"] == -3.0
+    assert config["run"]["mom_group"] == 3  # the rule's own option, a run setting
     for start in ("fork", "exec"):
         out = home / f"cluster-{start}"
         cluster = _run(home, "ps.launcher.cli", *RUN, "--shards", "3", "--start", start,
