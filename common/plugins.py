@@ -19,6 +19,7 @@ refuses to start with one line naming what it cannot import (exit 2).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -88,7 +89,7 @@ def load_entry_points(kind: str) -> None:
     """Register the ``byzps.<kind>`` entry points of the installed packages (a broken
     one is refused with one line naming it)."""
     registry = _registry(kind)
-    for ep in metadata.entry_points(group=GROUPS[kind]):
+    for ep in _installed_entry_points().select(group=GROUPS[kind]):
         if ep.name in registry:
             continue
         try:
@@ -146,6 +147,12 @@ def scan_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, str]:
             if value is not None:
                 found[param] = value
     return found
+
+
+@functools.cache
+def _installed_entry_points() -> metadata.EntryPoints:
+    """Every installed package's entry points, read once per process."""
+    return metadata.entry_points()
 
 
 def fingerprints(names: Iterable[str]) -> list[str]:

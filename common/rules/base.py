@@ -40,8 +40,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from common.registry import Registry
 from common.settings import ROLES, Declared, declared
 
@@ -245,7 +243,7 @@ class Rule(Step):
         X = self.validate_input(G)
         self.last_info = {}
         out = self.aggregate(X)
-        out = out if isinstance(out, torch.Tensor) else torch.from_numpy(np.asarray(out))
+        out = out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
         if tuple(out.shape) != (X.shape[1],) or out.dtype != torch.float32:
             raise RuleError(f"rule {self.name} returned {tuple(out.shape)} {out.dtype} for a "
                             f"{tuple(X.shape)} float32 matrix; a rule returns "
