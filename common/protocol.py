@@ -227,14 +227,10 @@ class Message:
         """The payload as a float32 array (zero-copy when it arrived as one frame)."""
         return chunks_to_array(self.chunks, _length(self.header))
 
-    def tensor_into(self, out: np.ndarray) -> None:
-        """Copy the payload into ``out`` (1-D float32 of exactly the payload's length)."""
-        copy_chunks_into(self.chunks, out)
-
-    def tensor_part_into(self, offset: int, out: np.ndarray) -> None:
-        """Copy the payload's values ``offset .. offset + out.size`` into ``out`` (one
-        shard's slice of a message carrying several), without an intermediate array."""
-        copy_chunks_part_into(self.chunks, out, offset * ITEM_BYTES)
+    def tensor_into(self, *outs: np.ndarray) -> None:
+        """Copy the payload into ``outs``, 1-D float32 arrays filled one after the other
+        (one, or each shard's of a message carrying several), exactly its length."""
+        copy_chunks_into(self.chunks, *outs)
 
 
 def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = None,
@@ -322,38 +318,26 @@ def chunks_to_array(chunks: Sequence[memoryview], length: int) -> np.ndarray:
     return out
 
 
-def copy_chunks_into(chunks: Sequence[memoryview], out: np.ndarray) -> None:
-    """Copy the payload chunks into ``out``, which they must fill exactly, without an
-    intermediate array."""
-    filled, size = _copy_range(chunks, out, 0)
-    if filled != out.nbytes or size != out.nbytes:
-        raise ProtocolError(f"payload has {size} bytes, destination needs {out.nbytes}")
-
-
-def copy_chunks_part_into(chunks: Sequence[memoryview], out: np.ndarray, skip: int) -> None:
-    """Copy the payload's bytes from ``skip`` on into ``out`` (filling it) without an
-    intermediate array."""
-    filled, size = _copy_range(chunks, out, skip)
-    if filled != out.nbytes:
-        raise ProtocolError(f"payload has {size} bytes, not the {out.nbytes} needed from "
-                            f"byte {skip}")
-
-
-def _copy_range(chunks: Sequence[memoryview], out: np.ndarray, skip: int) -> tuple[int, int]:
-    """Copy from byte ``skip`` of the payload into ``out``, as far as both go: (bytes
-    of ``out`` filled, bytes of the payload)."""
-    target = memoryview(out).cast("B")
-    pos = 0  # bytes of target filled
-    seen = 0  # bytes of the payload passed
-    for c in chunks:
-        begin = max(skip - seen, 0)
-        seen += len(c)
-        if begin >= len(c) or pos >= len(target):
-            continue
-        take = min(len(c) - begin, len(target) - pos)
-        target[pos : pos + take] = c[begin : begin + take]
-        pos += take
-    return pos, seen
+def copy_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray) -> None:
+    """Copy the payload chunks into ``outs`` (contiguous arrays filled one after the
+    other: a message carrying several shards' slices lands in each shard's row), which
+    they must fill exactly; one pass over the chunks, no intermediate array."""
+    targets = [memoryview(o).cast("B") for o in outs if o.nbytes]
+    total = sum(len(t) for t in targets)
+    size = sum(len(c) for c in chunks)
+    if size != total:
+        raise ProtocolError(f"payload has {size} bytes, destination needs {total}")
+    which, pos = 0, 0  # the target being filled, and its bytes filled
+    for chunk in chunks:
+        at = 0
+        while at < len(chunk):
+            target = targets[which]
+            take = min(len(chunk) - at, len(target) - pos)
+            target[pos : pos + take] = chunk[at : at + take]
+            at += take
+            pos += take
+            if pos == len(target):
+                which, pos = which + 1, 0
 
 
 def _length(header: Header) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the README's tables of rules, attacks, datasets and settings from their
-declarations (the rule, attack and dataset registries; ``common.settings``, and
-``ps.commands`` for which settings classes the commands take).
+declarations (the registries, as ``ps-list`` shows them: ``ps/catalog.py``;
+``common.settings``, and ``ps.commands`` for which settings classes the commands take).
 
     python3 scripts/gen_docs.py           # rewrite the generated blocks of README.md
     python3 scripts/gen_docs.py --check   # exit 1 if README.md is stale
@@ -19,10 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.attacks import ATTACKS, ValueAttack  # noqa: E402
-from common.data import DATASETS  # noqa: E402
-from common.rules import RULES  # noqa: E402
-from common.settings import PROXY, WORKER, declared, markdown_table  # noqa: E402
+from common.settings import markdown_table  # noqa: E402
+from ps.catalog import catalog  # noqa: E402
 from ps.commands import COMMANDS, setting_classes  # noqa: E402
 
 README = ROOT / "README.md"
@@ -30,25 +28,23 @@ README = ROOT / "README.md"
 
 def rules_table() -> str:
     rows = ["| `--rule` | definition | needs |", "|---|---|---|"]
-    rows += [f"| `{name}` | {cls.summary} | {cls.needs or '–'} |"
-             for name, cls in sorted(RULES.items())]
+    rows += [f"| `{e.name}` | {e.summary} | {e.needs or '–'} |" for e in catalog(["rules"])]
     return "\n".join(rows)
 
 
 def attacks_table() -> str:
     rows = ["| attack | model | where | what | parameters |", "|---|---|---|---|---|"]
-    for name, cls in ATTACKS.items():
-        model = "generalized (values)" if issubclass(cls, ValueAttack) else "classic (vectors)"
-        where = ", ".join(site for site in (WORKER, PROXY) if site in cls.sites)
-        params = ", ".join(f"`{d.flag}`" for d in declared(cls)) or "–"
-        rows.append(f"| `{name}` | {model} | {where} | {cls.summary} | {params} |")
+    for e in catalog(["attacks"]):
+        params = ", ".join(f"`{o.flag}`" for o in e.options) or "–"
+        rows.append(f"| `{e.name}` | {e.details['model']} | {', '.join(e.details['where'])} "
+                    f"| {e.summary} | {params} |")
     return "\n".join(rows)
 
 
 def datasets_table() -> str:
     rows = ["| `--dataset` | input | what |", "|---|---|---|"]
-    rows += [f"| `{name}` | {'x'.join(map(str, spec.input_shape))} | {spec.summary} |"
-             for name, spec in DATASETS.items()]
+    rows += [f"| `{e.name}` | {'x'.join(map(str, e.details['input']))} | {e.summary} |"
+             for e in catalog(["datasets"])]
     return "\n".join(rows)
 
 

@@ -79,11 +79,13 @@ class ShardGroup:
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
                             current=first.round, oldest=first.round, newest=first.round)
         check_push(window, round_, worker, length, first.finished, first.received)
-        for state, offset in zip(self.states, self.offsets, strict=True):
-            if message:
-                values.tensor_part_into(offset, state.grads[worker])  # type: ignore[union-attr]
-            else:
-                state.grads[worker] = values[offset:offset + state.size]  # type: ignore[index]
+        rows = [state.grads[worker] for state in self.states]
+        if message:
+            values.tensor_into(*rows)  # type: ignore[union-attr]
+        else:
+            for row, offset in zip(rows, self.offsets, strict=True):
+                row[:] = values[offset:offset + row.size]  # type: ignore[index]
+        for state in self.states:
             state.received[worker] = True
             state.pushes += 1
 

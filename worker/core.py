@@ -554,10 +554,7 @@ class ClientCore:
                     f"{format_shard_set(h.shards) or 'none'} with {h.length} values, expected "
                     f"round {round_} of shards {format_shard_set(link.shards)} with "
                     f"{slices.length}")  # type: ignore[union-attr]
-            offset = 0
-            for a, b in slices.spans:  # type: ignore[union-attr]
-                msg.tensor_part_into(offset, x[a:b])
-                offset += b - a
+            msg.tensor_into(*self._slices_of(link, x))
             return True
 
         return read

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 EVENTS_DIR = "tensorboard"
+log = logging.getLogger("ps.plots")
 
 
 def available() -> bool:
@@ -67,17 +69,26 @@ class RunEvents:
         self.writer = SummaryWriter(log_dir=str(logdir or run_dir / EVENTS_DIR))
         self.offsets: dict[Path, int] = {}
         self.restarts = 0
+        self.failed = False
 
     def update(self, restarts: int | None = None, round_: int = 0) -> None:
         """Write what the metrics files gained since the last call (whole lines only),
-        and ``restarts`` (processes restarted so far) at ``round_`` if it grew."""
-        for path, write in self._files():
-            for record in self._new_lines(path):
-                write(path, record)
-        if restarts is not None and restarts > self.restarts:
-            self.restarts = restarts
-            self.writer.add_scalar("cluster/restarts", restarts, round_)
-        self.writer.flush()
+        and ``restarts`` (processes restarted so far) at ``round_`` if it grew. Event
+        files that cannot be written (a full disk) are a warning, once, never the run's
+        failure: the events stop there."""
+        if self.failed:
+            return
+        try:
+            for path, write in self._files():
+                for record in self._new_lines(path):
+                    write(path, record)
+            if restarts is not None and restarts > self.restarts:
+                self.restarts = restarts
+                self.writer.add_scalar("cluster/restarts", restarts, round_)
+            self.writer.flush()
+        except OSError as exc:
+            self.failed = True
+            log.warning("TensorBoard events of %s not written any more: %s", self.run_dir, exc)
 
     def close(self) -> None:
         self.writer.close()

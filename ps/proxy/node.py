@@ -78,7 +78,12 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
     front = None
     try:
         welcome = handshake(back, cfg, options)
-        hosted = tuple(welcome.shards)
+        try:  # the server's word, checked before anything is built from it
+            hosted = parse_shard_set(",".join(map(str, welcome.shards)), cfg.num_shards)
+            if list(hosted) != list(welcome.shards):
+                raise ConfigError("not in ascending order")
+        except ConfigError as exc:
+            raise ConfigError(f"{options.server} answered shards {welcome.shards}: {exc}") from None
         if expected is not None and hosted != expected:
             raise ConfigError(f"{options.server} serves shards {format_shard_set(hosted)}, "
                               f"not --shard {options.shard}")

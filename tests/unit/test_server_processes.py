@@ -105,16 +105,21 @@ def test_slices_merge_contiguous_shards_into_one_span() -> None:
 # -- the wire: a message carrying several shards -----------------------------------
 
 
-def test_a_part_of_a_payload_is_copied_across_chunk_boundaries() -> None:
+def test_a_payload_is_split_into_its_shards_across_chunk_boundaries() -> None:
     values = np.arange(CHUNK_BYTES // 4 + 300, dtype=np.float32)  # two chunks
     head, tail = values[:CHUNK_BYTES // 4 - 100], values[CHUNK_BYTES // 4 - 100:]
     msg = decode(encode(Push(round=0, worker=0, length=values.size), [head, tail]))
     assert len(msg.chunks) == 2  # each part sent as it is, without a copy
-    middle = np.empty(250, dtype=np.float32)
-    msg.tensor_part_into(CHUNK_BYTES // 4 - 150, middle)
-    np.testing.assert_array_equal(middle, values[CHUNK_BYTES // 4 - 150:CHUNK_BYTES // 4 + 100])
-    with pytest.raises(ProtocolError, match="not the 1200 needed"):
-        msg.tensor_part_into(values.size - 100, np.empty(300, dtype=np.float32))
+    cut = CHUNK_BYTES // 4 - 150  # the shards do not end where the chunks do
+    first, middle, last = (np.empty(cut, np.float32), np.empty(250, np.float32),
+                           np.empty(values.size - cut - 250, np.float32))
+    msg.tensor_into(first, middle, last)
+    np.testing.assert_array_equal(middle, values[cut:cut + 250])
+    np.testing.assert_array_equal(np.concatenate([first, middle, last]), values)
+    with pytest.raises(ProtocolError, match="destination needs"):
+        msg.tensor_into(first, middle, np.empty(last.size - 1, np.float32))  # too long
+    with pytest.raises(ProtocolError, match="destination needs"):
+        msg.tensor_into(first, middle, np.empty(last.size + 1, np.float32))  # too short
     with pytest.raises(ValueError, match="announces 5 values, the tensor holds 6"):
         encode(Push(round=0, worker=0, length=5), [np.zeros(3, np.float32)] * 2)
 

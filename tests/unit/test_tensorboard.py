@@ -95,3 +95,21 @@ def test_a_grids_cells_compare_side_by_side(tmp_path: Path) -> None:
     krum = _scalars(tmp_path / "tensorboard" / "grid" / "rule=krum" / "seed_0")
     mean = _scalars(tmp_path / "tensorboard" / "grid" / "rule=mean" / "seed_0")
     assert krum["test/top1"][-1] == (4, 0.5) and mean["test/top1"][-1][0] == 4
+
+
+def test_events_that_cannot_be_written_are_a_warning_not_the_runs_failure(
+        tmp_path: Path, monkeypatch, caplog) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    _append(run / "evaluator.jsonl", {"round": 0, "top1": 0.1, "top3": 0.3, "loss": 2.3})
+    events = RunEvents(run)
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(events.writer, "flush", disk_full)
+    events.update()
+    events.update()  # once failed, it stops: one warning
+    assert [r.getMessage() for r in caplog.records if "TensorBoard" in r.getMessage()] == [
+        f"TensorBoard events of {run} not written any more: [Errno 28] No space left on "
+        "device"]
