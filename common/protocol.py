@@ -237,10 +237,7 @@ def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = No
            ) -> list[Buffer]:
     """Frames for ``header`` (and the tensor of a PARAMS/PUSH message: an array, or a
     sequence of arrays sent one after the other without copying, ``length`` in all)."""
-    body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
-    for name, *_ in _SCHEMAS[type(header)]:
-        body[name] = getattr(header, name)
-    frames: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
+    frames: list[Buffer] = [_header_frame(header)]
     if header.op in _TENSOR_OPS:
         if tensor is None:
             raise ValueError(f"{header.op.name} needs a tensor")
@@ -253,6 +250,23 @@ def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = No
     elif tensor is not None:
         raise ValueError(f"{header.op.name} carries no tensor")
     return frames
+
+
+def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
+    """``frames`` (``encode``'s, of a PARAMS or PUSH) with ``header`` instead of theirs:
+    the payload frames are shared, not encoded again (a push and its re-push differ in
+    ``pull_next`` only). ``ValueError`` if ``header`` announces another length."""
+    size = sum(memoryview(f).nbytes for f in frames[1:])
+    if header.op not in _TENSOR_OPS or size != _length(header) * 4:  # float32
+        raise ValueError(f"{header.op.name} cannot take a payload of {size} bytes")
+    return [_header_frame(header), *frames[1:]]
+
+
+def _header_frame(header: Header) -> bytes:
+    body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
+    for name, *_ in _SCHEMAS[type(header)]:
+        body[name] = getattr(header, name)
+    return msgpack.packb(body, use_bin_type=True)
 
 
 def decode(frames: Sequence[Any]) -> Message:

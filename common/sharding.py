@@ -49,26 +49,33 @@ def parse_shard_set(spec: str | int, num_shards: int | None = None) -> ShardSet:
     """The shards ``spec`` names: an index (``3``), a range (``0-4``, both ends in) or a
     comma list of these (``1,3``, ``0-2,5``); sorted. ``ConfigError`` for anything
     else, an empty or repeated shard, or (given S) a shard outside 0..S-1."""
+    return parse_index_set(spec, num_shards, "shard", "S")
+
+
+def parse_index_set(spec: str | int, bound: int | None, what: str,
+                    count: str) -> tuple[int, ...]:
+    """The indices ``spec`` names, as :func:`parse_shard_set` reads them, of ``what``
+    (shard, worker) of which the run has ``count`` (S, n) = ``bound``."""
     text = str(spec).strip()
-    shards: list[int] = []
+    indices: list[int] = []
     for part in text.split(","):
         match = _PART.fullmatch(part.strip())
         if match is None:
-            raise ConfigError(f"shards {text!r}: {part.strip()!r} is not an index or a range "
-                              f"a-b (e.g. 3, 0-4 or 1,3)")
+            raise ConfigError(f"{what}s {text!r}: {part.strip()!r} is not an index or a "
+                              f"range a-b (e.g. 3, 0-4 or 1,3)")
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
-            raise ConfigError(f"shards {text!r}: the range {part.strip()} is empty")
-        bound = MAX_SHARDS if num_shards is None else num_shards
-        if last >= bound:  # before the range is spelt out: 0-999999999 costs nothing
-            raise ConfigError(f"shards {text!r}: the run has S={bound} shards "
-                              f"(0..{bound - 1})" if num_shards is not None else
-                              f"shards {text!r}: at most {MAX_SHARDS} shards")
-        shards.extend(range(first, last + 1))
-    if len(set(shards)) != len(shards):
-        raise ConfigError(f"shards {text!r} names a shard twice")
-    return tuple(sorted(shards))
+            raise ConfigError(f"{what}s {text!r}: the range {part.strip()} is empty")
+        limit = MAX_SHARDS if bound is None else bound
+        if last >= limit:  # before the range is spelt out: 0-999999999 costs nothing
+            raise ConfigError(f"{what}s {text!r}: the run has {count}={limit} {what}s "
+                              f"(0..{limit - 1})" if bound is not None else
+                              f"{what}s {text!r}: at most {MAX_SHARDS} {what}s")
+        indices.extend(range(first, last + 1))
+    if len(set(indices)) != len(indices):
+        raise ConfigError(f"{what}s {text!r} names a {what} twice")
+    return tuple(sorted(indices))
 
 
 def format_shard_set(shards: Iterable[int]) -> str:

@@ -4,7 +4,9 @@
   a ROUTER that binds and announces its endpoint in a ready file; a DEALER that
   connects;
 * envelopes: a ROUTER sees ``[routing envelope..., b"", header, chunks...]``; the
-  envelope (one identity per hop) is opaque and travels back with every reply;
+  envelope (one identity per hop) is opaque and travels back with every reply; the
+  replies that share one message (a round's PARAMS) are encoded and copied once
+  (:func:`send_all`);
 * receive-decode-or-report: :func:`receive` returns an :class:`Incoming` holding either
   the decoded message or the :class:`ProtocolError` that refused it, never raises for
   what a peer sent; the node's core decides what to answer and counts it. It takes a
@@ -29,12 +31,12 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
@@ -111,6 +113,17 @@ class Incoming:
     @cached_property
     def peer(self) -> Peer:
         return tuple(bytes(f) for f in self.envelope)
+
+
+class Outbound(Protocol):
+    """A message to send behind an envelope (``server.core.Reply``)."""
+
+    @property
+    def envelope(self) -> Sequence[Any]: ...
+    @property
+    def header(self) -> Header: ...
+    @property
+    def tensor(self) -> np.ndarray | Sequence[np.ndarray] | None: ...
 
 
 def largest_message(length: int) -> int:
@@ -259,6 +272,28 @@ def send(sock: zmq.Socket, envelope: Sequence[Any], header: Header,
     send_frames(sock, join_envelope(envelope, encode(header, tensor)))
 
 
+def send_all(sock: zmq.Socket, messages: Sequence[Outbound]) -> None:
+    """Send each message behind its envelope, in order, as :func:`send` does.
+
+    Messages sharing one header object and one tensor object (a round's PARAMS to every
+    PULL parked for it) are encoded once, and their frames made ZeroMQ messages once,
+    which every send of them references: a frame below ``ZERO_COPY_MIN_BYTES`` is copied
+    then (the arrays may change afterwards), a larger one shares the arrays' memory, as
+    :func:`send` would."""
+    uses = Counter((id(m.header), id(m.tensor)) for m in messages)
+    shared: dict[tuple[int, int], list[zmq.Frame]] = {}
+    for m in messages:
+        key = (id(m.header), id(m.tensor))
+        if uses[key] == 1:
+            send(sock, m.envelope, m.header, m.tensor)
+            continue
+        body = shared.get(key)
+        if body is None:
+            body = shared[key] = [zmq.Frame(f, copy_threshold=ZERO_COPY_MIN_BYTES)
+                                  for f in encode(m.header, m.tensor)]
+        send_frames(sock, join_envelope(m.envelope, body))
+
+
 _MORE = int(zmq.SNDMORE)
 
 
@@ -380,9 +415,9 @@ class Listener:
         self.guard.delivered(incoming.fd, incoming.identity, incoming.wire - routing_id)
         return incoming
 
-    def send(self, envelope: Sequence[Any], header: Header,
-             tensor: np.ndarray | Sequence[np.ndarray] | None = None) -> None:
-        send(self.sock, envelope, header, tensor)
+    def send_all(self, messages: Sequence[Outbound]) -> None:
+        """Send ``messages``, each encoded once however many share it (:func:`send_all`)."""
+        send_all(self.sock, messages)
 
     def offences(self) -> list[tuple[Identity | None, str]]:
         """The connections the guard cut since the last call: (key or None, why)."""

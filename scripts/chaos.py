@@ -763,11 +763,11 @@ class ChaosCluster(Cluster):
 
     def __init__(self, spec: ClusterSpec, honest: int) -> None:
         super().__init__(spec)
-        self.honest = honest
+        self.teams = {i: (i,) for i in range(honest)}  # a process per honest worker
 
     def _start_workers(self, endpoints: list[str]) -> None:
-        for i in range(self.honest):
-            self._child(f"worker-{i}", "worker.cli", self.worker_argv(i, endpoints))
+        for i, team in self.teams.items():
+            self._child(f"worker-{i}", "worker.cli", self.worker_argv(team, endpoints))
 
 
 @click.command(context_settings={"show_default": True})

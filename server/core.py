@@ -352,7 +352,7 @@ class ServerCore:
         if params is None:
             self._park(envelope, peer, pull.round)
             return []
-        return [self._params(envelope, pull.round, params)]
+        return self._params([envelope], pull.round, params)
 
     def _on_push(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
         envelope, peer, message = incoming.envelope, incoming.peer, incoming.message
@@ -433,14 +433,14 @@ class ServerCore:
                          m.round, newly, f"; {held} such lines held back" if held else "")
         if self.state.finished:
             self.finished_at = now
-        replies = []
+        envelopes = []
         for key in [k for k in self.parked if k[1] == self.state.round]:
-            envelope = self.parked.pop(key)
+            envelopes.append(self.parked.pop(key))
             self.parked_per_peer[key[0]] -= 1
             if not self.parked_per_peer[key[0]]:
                 del self.parked_per_peer[key[0]]
-            replies.append(self._params(envelope, self.state.round,
-                                        [st.params for st in self.state.states]))
+        replies = self._params(envelopes, self.state.round,
+                               [st.params for st in self.state.states])
         try:
             self._record(stepped, closing)
         except Exception:
@@ -481,12 +481,16 @@ class ServerCore:
 
     # -- replies -----------------------------------------------------------------
 
-    def _params(self, envelope: list[Any], round_: int, params: list[np.ndarray]) -> Reply:
-        """PARAMS(round_): the hosted shards' parameters, sent one after the other."""
+    def _params(self, envelopes: list[list[Any]], round_: int,
+                params: list[np.ndarray]) -> list[Reply]:
+        """PARAMS(round_) behind each of ``envelopes``: the hosted shards' parameters, sent
+        one after the other. The replies share one header and one list of arrays, so the
+        node encodes and copies them once for all (``Listener.send_all``)."""
         if round_ >= self.cfg.rounds:
-            self.readers_waiting.discard(tuple(bytes(f) for f in envelope))
+            self.readers_waiting.difference_update(tuple(bytes(f) for f in e)
+                                                   for e in envelopes)
         header = Params(round=round_, shards=list(self.state.shards), length=self.state.size)
-        return Reply(envelope, header, params)
+        return [Reply(envelope, header, params) for envelope in envelopes]
 
     def status(self) -> StatusReply:
         return StatusReply(

@@ -109,12 +109,10 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
                 for _ in range(MAX_BATCH):
                     if not sock.poll(0, zmq.POLLIN):
                         break
-                    for reply in core.handle(listener.receive(), time.monotonic()):
-                        listener.send(reply.envelope, reply.header, reply.tensor)
+                    listener.send_all(core.handle(listener.receive(), time.monotonic()))
             for identity, why in listener.offences():
                 core.offence(identity, why, time.monotonic())
-            for reply in core.tick(time.monotonic()):
-                listener.send(reply.envelope, reply.header, reply.tensor)
+            listener.send_all(core.tick(time.monotonic()))
         log.info("run finished after %d rounds; exiting", cfg.rounds)
     finally:
         if writer is not None:

@@ -24,9 +24,9 @@ def build_command() -> click.Command:
 
     @settings_command(COMMAND, COMMANDS)
     def main(**values: Any) -> None:
-        """Run one worker: each round pull the parameters from every shard, compute a
-        stochastic gradient on this worker's data partition, push each shard its slice.
-        With --evaluate, run the evaluator instead.
+        """Run one worker, or several (--worker-id 0-9): each round pull the parameters
+        from every shard, compute a stochastic gradient on the worker's data partition,
+        push each shard its slice. With --evaluate, run the evaluator instead.
         """
         roles = COMMAND.roles
         options = take(ClientOptions, values, roles)
@@ -42,15 +42,17 @@ def build_command() -> click.Command:
                 run_evaluator(cfg, options, take(EvalOptions, values, roles), process.out_dir,
                               keys)
                 return
-            if options.worker_id is None:
-                raise ConfigError("--worker-id (PS_WORKER_ID) is required for a worker")
+            workers = options.worker_ids(cfg.num_workers)
             attack = AttackConfig.build(values, roles)
             if attack.worker_attack != "none" and not attack.byzantine_workers:
-                attack = replace(attack, byzantine_workers=(options.worker_id,))
+                if len(workers) > 1:
+                    raise ConfigError("--worker-attack in a process of several workers: name "
+                                      "the Byzantine ones with --byzantine-workers")
+                attack = replace(attack, byzantine_workers=workers)
             attack = attack.validate(cfg)
-            if attack.worker_attack != "none" and not attack.is_byzantine(options.worker_id):
-                raise ConfigError(f"--worker-attack given but worker {options.worker_id} is "
-                                  "not in --byzantine-workers")
+            if attack.worker_attack != "none" and not any(map(attack.is_byzantine, workers)):
+                raise ConfigError(f"--worker-attack given but no worker of --worker-id "
+                                  f"{options.worker_id} is in --byzantine-workers")
             from worker.run import run_worker
 
             run_worker(cfg, attack, options, process.out_dir, keys)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import zmq
@@ -161,34 +161,36 @@ class ClusterClient:
 
     # -- the loop ----------------------------------------------------------------
 
-    def _exchange(self, start: Callable[[float], list[Send]]) -> object:
-        """Run one exchange of the core to its outcome (what it raises, raised)."""
+    @property
+    def busy(self) -> bool:
+        """An exchange is under way (its outcome is ``core.outcome`` once it is not)."""
+        return bool(self.core.pending)
+
+    def begin(self, start: Callable[[float], list[Send]]) -> None:
+        """Start an exchange of the core (``start(now)``: what to send); what it raises is
+        raised, after the exchange is abandoned."""
         core = self.core
         try:
             for s in range(len(self.links)):  # a refused or failing handshake ends it now
                 core.connection(s, self.links[s].events(), time.monotonic())
             self._apply(start(time.monotonic()))
-            while core.pending:
-                check_stop()
-                self._poll_once()
         except Exception:
             self._apply(core.abandon())
             raise
-        return core.outcome
 
-    def _poll_once(self) -> None:
-        """Wait for replies (at most until the next timeout or ``WAIT_SLICE_MS``), hand
-        them to the core, or the monitors' events if none came; then the time."""
+    def _exchange(self, start: Callable[[float], list[Send]]) -> object:
+        """Run one exchange of the core to its outcome (what it raises, raised)."""
+        self.begin(start)
+        while self.busy:
+            check_stop()
+            poll_clients([self])
+        return self.core.outcome
+
+    def _take(self, ready: dict[zmq.Socket, int], now: float) -> None:
+        """Hand the core the replies among ``ready``, or its monitors' events if none of
+        its links had one; then the time."""
         core = self.core
-        poller = zmq.Poller()
-        for s in core.pending:
-            poller.register(self.links[s].socket, zmq.POLLIN)
-        deadline = core.next_deadline()
-        wait_ms = WAIT_SLICE_MS if deadline is None else int(
-            (deadline - time.monotonic()) * 1000)
-        ready = dict(poller.poll(max(0, min(wait_ms, WAIT_SLICE_MS))))
-        now = time.monotonic()
-        if not ready:
+        if not any(self.links[s].socket in ready for s in core.pending):
             for s in sorted(core.pending):
                 core.connection(s, self.links[s].events(), now)
         for s, link in enumerate(self.links):
@@ -208,3 +210,42 @@ class ClusterClient:
                 self.core.connection(send.link, link.events(), time.monotonic())
                 log.debug("%s: no connection to send on yet; the timeout will resend",
                           link.endpoint)
+
+
+def poll_clients(clients: Sequence[ClusterClient]) -> None:
+    """Wait for replies to the exchanges under way of ``clients`` (the workers of one
+    process: one poll over all their links), at most until the earliest timeout or
+    ``WAIT_SLICE_MS``, and hand each client's core what came. What a core raises is
+    raised, after that client's exchange is abandoned."""
+    busy = [c for c in clients if c.busy]
+    if not busy:
+        return
+    poller = zmq.Poller()
+    deadlines = []
+    for client in busy:
+        for s in client.core.pending:
+            poller.register(client.links[s].socket, zmq.POLLIN)
+        deadlines.append(client.core.next_deadline())
+    wait_ms = int((min(d for d in deadlines if d is not None) - time.monotonic()) * 1000)
+    ready = dict(poller.poll(max(0, min(wait_ms, WAIT_SLICE_MS))))
+    now = time.monotonic()
+    for client in busy:
+        try:
+            client._take(ready, now)
+        except Exception:
+            client._apply(client.core.abandon())
+            raise
+
+
+def exchange_all(starts: Sequence[tuple[ClusterClient, Callable[[float], list[Send]]]],
+                 ) -> list[object]:
+    """Run one exchange of each client at once (``start(now)`` each) to their outcomes,
+    in order: the workers of one process say HELLO and catch up together, so none waits
+    for a round that needs another's push."""
+    for client, start in starts:
+        client.begin(start)
+    clients = [client for client, _ in starts]
+    while any(c.busy for c in clients):
+        check_stop()
+        poll_clients(clients)
+    return [c.core.outcome for c in clients]

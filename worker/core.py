@@ -67,6 +67,7 @@ from common.protocol import (
     Push,
     Welcome,
     encode,
+    reheaded,
 )
 from common.sharding import ServerSlices, ShardSet, format_shard_set, parse_servers
 
@@ -279,8 +280,8 @@ class ClientCore:
                 step.read = self._params_into(x, s, round_ + 1)
                 # counted already: its reply was lost; PULL the next round instead
                 step.on_repeat = self._pull_step(x, s, round_ + 1)
-                step.on_repeat.repush = encode(
-                    Push(round=round_, worker=self.worker, length=length), values)
+                step.on_repeat.repush = reheaded(  # the same values, not encoded again
+                    step.frames, Push(round=round_, worker=self.worker, length=length))
             steps[s] = step
 
         def caught_up(server: int, error: Error, now: float) -> list[Send]:

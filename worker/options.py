@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import ConfigError
 from common.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
-from common.sharding import ShardSet, parse_servers
+from common.sharding import ShardSet, parse_index_set, parse_servers
 
 CLIENTS = (WORKER, EVALUATOR)
 
@@ -22,8 +23,11 @@ class ClientOptions:
         "the P contiguous blocks of ps-cluster --server-processes; or SHARDS@ENDPOINT "
         "entries separated by ';' (0-4@tcp://10.0.0.1:5550;5-9@tcp://10.0.0.2:5550).",
         roles=CLIENTS, required=True)
-    worker_id: int | None = setting(None, "This worker's id i in 0..n-1 (required unless "
-                                    "--evaluate).", roles=(WORKER,), minimum=0)
+    worker_id: str | None = setting(
+        None, "The workers this process runs: an id i in 0..n-1, a range a-b or a list (0-4, "
+        "1,3); each has its own key, connections, data partition and metrics, and they "
+        "compute one after the other on one model (required unless --evaluate).",
+        roles=(WORKER,))
     evaluate: bool = setting(False, "Run as the evaluator: read-only, measures test loss, "
                              "top-1 and top-3 every --eval-every rounds.", roles=(EVALUATOR,))
     data_dir: Path | None = setting(None, "Directory holding the dataset files (not needed for "
@@ -39,6 +43,15 @@ class ClientOptions:
                                  "server that restarted from an older checkpoint (K x the "
                                  "model size in memory).", roles=(WORKER, CLUSTER), minimum=0)
 
+    def worker_ids(self, num_workers: int) -> tuple[int, ...]:
+        """The workers of ``--worker-id``, sorted (``ConfigError`` naming what is wrong)."""
+        if self.worker_id is None:
+            raise ConfigError("--worker-id (PS_WORKER_ID) is required for a worker")
+        try:
+            return parse_index_set(self.worker_id, num_workers, "worker", "n")
+        except ConfigError as exc:
+            raise ConfigError(f"--worker-id: {exc}") from None
+
     def server_list(self, num_shards: int) -> list[tuple[ShardSet, str]]:
         """The server processes as (shards, endpoint) (``ConfigError`` naming what is
         wrong with --servers)."""
@@ -47,7 +60,8 @@ class ClientOptions:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """When and on what the evaluator measures the model."""
+    """When and on what the evaluator measures the model, and how often a run's
+    per-round metrics become TensorBoard scalars."""
 
     eval_every: int = setting(25, "Rounds between evaluations (the last round is always "
                               "evaluated).", roles=(EVALUATOR, CLUSTER, SIMULATE, EXPERIMENT),
@@ -56,3 +70,7 @@ class EvalOptions:
                                        "(default: all).",
                                        roles=(EVALUATOR, CLUSTER, SIMULATE, EXPERIMENT),
                                        minimum=1)
+    tensorboard_every: int = setting(
+        10, "With the TensorBoard extra installed: the per-round scalars of workers, shards "
+        "and proxies every this many rounds (every evaluation and restart is written); 0: "
+        "no event files.", roles=(CLUSTER, SIMULATE), minimum=0)

@@ -2,12 +2,23 @@
 (``worker/step.py``: the gradient, the momentum vector with ``--worker-momentum``, or a
 Byzantine worker's forged row; ``worker/byzantine.py`` says what happens to momentum
 when a worker restarts or catches up), push its shards and get x^{t+1} back
-(``worker/client.py``; a round that closed without this worker is caught up there)."""
+(``worker/client.py``; a round that closed without this worker is caught up there).
+
+One process runs one worker or several (``--worker-id 0-9``). Each keeps everything a
+worker process has: its key and connections (``ClusterClient``), its step state, its
+replay window and its ``worker-<i>.jsonl``; they share the dataset and one model, on
+which they compute one after the other. A worker whose exchange is answered computes
+its next round while the others still wait for theirs; all wait on one poll. The run
+is the same as with a process per worker (bit-identical): a process is a deployment
+choice, as a server process hosting several shards is. The process is the unit of
+failure: an error of one worker ends it, and a supervisor restarts all its workers.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import AttackConfig, RunConfig
@@ -16,8 +27,8 @@ from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
-from worker.client import ClusterClient
-from worker.core import RetryPolicy
+from worker.client import ClusterClient, exchange_all, poll_clients
+from worker.core import NextRound, RetryPolicy
 from worker.options import ClientOptions
 from worker.step import WorkerStep
 from worker.trainer import GradientComputer
@@ -25,61 +36,100 @@ from worker.trainer import GradientComputer
 log = logging.getLogger("ps.worker")
 
 
+@dataclass
+class _Member:
+    """One worker of this process and where it stands."""
+
+    worker: int
+    step: WorkerStep
+    client: ClusterClient
+    metrics: JsonlWriter
+    at: NextRound | None = None  # where it goes on; None while its push is under way
+    started_at: int = 0  # this process's first round: its momentum began there
+    pushed: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)  # round, loss, times
+
+    def push(self, cfg: RunConfig) -> bool:
+        """Compute and start pushing its next round, if it has one."""
+        at = self.at
+        if at is None or at.round >= cfg.rounds:
+            return False
+        t = at.round
+        began = time.perf_counter()
+        g, loss = self.step(at.params, t)  # type: ignore[arg-type]
+        computed = time.perf_counter()
+        # one exchange per server process: the reply to the push is x^{t+1}
+        self.client.begin(lambda now: self.client.core.push(t, g, now))
+        self.at = None
+        self.pushed = (t, loss, began, computed)
+        return True
+
+    def answered(self, cfg: RunConfig) -> None:
+        """Its push's exchange is over: go on where it says, and record the round."""
+        at: NextRound = self.client.core.outcome  # type: ignore[assignment]
+        self.at = at
+        t, loss, began, computed = self.pushed
+        if at.missed:
+            if at.round >= cfg.rounds:
+                log.warning("worker %d: the last round closed without it; the run is over",
+                            self.worker)
+            else:
+                log.warning("worker %d: round %d closed without it (a server is at round "
+                            "%d); caught up", self.worker, t, at.round)
+            return
+        self.metrics.write({
+            "round": t, "loss": loss, "compute_ms": (computed - began) * 1e3,
+            "exchange_ms": (time.perf_counter() - computed) * 1e3,
+            "started_at": self.started_at,
+        })
+        if t % 100 == 0:
+            log.info("worker %d round %d loss %.4f", self.worker, t, loss)
+
+
 def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
                out_dir: Path | None, keys: KeyRing | None = None) -> None:
-    """Train as worker ``options.worker_id`` until the last round (or resume where the
-    servers are)."""
-    worker = options.worker_id
-    if worker is None or not 0 <= worker < cfg.num_workers:
-        raise ConfigError(f"--worker-id must be in 0..{cfg.num_workers - 1}, got {worker}")
+    """Train as the workers of ``options.worker_id`` until the last round (or resume where
+    the servers are)."""
+    workers = options.worker_ids(cfg.num_workers)
     servers = options.server_list(cfg.num_shards)
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
-    # kept in memory from round to round: a restarted worker starts again from zero
-    step = WorkerStep(cfg, attack, computer, worker)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(servers, cfg, "worker", worker, policy, keys,
-                           replay_rounds=options.replay_rounds)
-    metrics = JsonlWriter(out_dir / f"worker-{worker}.jsonl" if out_dir else None)
+    # kept in memory from round to round: a restarted worker starts again from zero
+    team = [_Member(w, WorkerStep(cfg, attack, computer, w),
+                    ClusterClient(servers, cfg, "worker", w, policy, keys,
+                                  replay_rounds=options.replay_rounds),
+                    JsonlWriter(out_dir / f"worker-{w}.jsonl" if out_dir else None))
+            for w in workers]
     try:
-        welcomes = client.hello()
-        if client.d != computer.d:
-            raise ConfigError(
-                f"servers hold d={client.d} parameters, this worker's model has {computer.d}"
-            )
-        start = min(w.round for w in welcomes)
-        log.info(
-            "worker %d of %d%s: %d shards on %d servers, d=%d, starting at round %d",
-            worker, cfg.num_workers,
-            f" (byzantine: {attack.worker_attack})" if step.byzantine else "",
-            cfg.num_shards, len(servers), client.d, start,
-        )
-        at = client.catch_up(start)
+        welcomed = exchange_all([(m.client, m.client.core.hello) for m in team])
+        for m, welcomes in zip(team, welcomed, strict=True):
+            if m.client.d != computer.d:
+                raise ConfigError(f"servers hold d={m.client.d} parameters, this worker's "
+                                  f"model has {computer.d}")
+            m.started_at = min(w.round for w in welcomes)  # type: ignore[attr-defined]
+            log.info("worker %d of %d%s: %d shards on %d servers, d=%d, starting at round %d",
+                     m.worker, cfg.num_workers,
+                     f" (byzantine: {attack.worker_attack})" if m.step.byzantine else "",
+                     cfg.num_shards, len(servers), computer.d, m.started_at)
+        starts = [(m.client, lambda now, m=m: m.client.core.catch_up(m.started_at, now))
+                  for m in team]
+        for m, at in zip(team, exchange_all(starts), strict=True):
+            m.at = at  # type: ignore[assignment]
         freeze_startup_objects()
-        while at.round < cfg.rounds:
+        while True:
             check_stop()
-            t = at.round
-            began = time.perf_counter()
-            g, loss = step(at.params, t)  # type: ignore[arg-type]
-            computed = time.perf_counter()
-            # one exchange per shard: the reply to the push is x^{t+1}
-            at = client.push(t, g)
-            if at.missed:
-                if at.round >= cfg.rounds:
-                    log.warning("the last round closed without this worker; the run is over")
-                else:
-                    log.warning("round %d closed without this worker (a server is at round "
-                                "%d); caught up", t, at.round)
-                continue
-            done = time.perf_counter()
-            metrics.write({
-                "round": t, "loss": loss, "compute_ms": (computed - began) * 1e3,
-                "exchange_ms": (done - computed) * 1e3,
-                "started_at": start,  # this process's first round: its momentum began there
-            })
-            if t % 100 == 0:
-                log.info("round %d loss %.4f", t, loss)
+            for m in team:
+                m.push(cfg)
+            waiting = [m for m in team if m.at is None]
+            if not waiting:
+                break
+            poll_clients([m.client for m in waiting])
+            for m in waiting:
+                if not m.client.busy:
+                    m.answered(cfg)
         log.info("done after %d rounds", cfg.rounds)
     finally:
-        client.close()
-        metrics.close()
+        for m in team:
+            m.client.close()
+            m.metrics.close()
+

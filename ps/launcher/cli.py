@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 COMMAND = COMMANDS["ps-cluster"]
 # what --resume takes from its own command line; every other setting is the run's
-RESUME_OWN_OPTIONS = ("verify", "max_restarts", "run_timeout_s")
+RESUME_OWN_OPTIONS = ("verify", "max_restarts", "run_timeout_s", "worker_processes")
 
 
 def build_command() -> click.Command:
@@ -96,11 +96,14 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
                if attack.proxy_attack != "none" else "")
     servers = (f"{cfg.num_shards} servers" if len(blocks) == cfg.num_shards else
                f"{cfg.num_shards} shards on {len(blocks)} server processes")
-    click.echo(f"starting {servers}, {cfg.num_workers} workers{proxies}"
+    teams = len(spec.cluster.worker_blocks(cfg.num_workers))
+    workers = (f"{cfg.num_workers} workers" if teams == cfg.num_workers else
+               f"{cfg.num_workers} workers in {teams} processes")
+    click.echo(f"starting {servers}, {workers}{proxies}"
                f"{', evaluator' if evaluator else ''}; rule {cfg.rule} (q={cfg.q}); "
                f"output in {out}", err=True)
     display = ProgressLine(cfg.rounds)
-    events = run_events(out)  # TensorBoard, if installed: following the run
+    events = run_events(out, spec.evaluation.tensorboard_every)  # if installed: following the run
 
     def on_progress(progress: Progress) -> None:
         display.update(progress)

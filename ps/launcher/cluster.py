@@ -94,6 +94,9 @@ class Cluster:
         self.modules: dict[str, str] = {}
         # the shards of each server process, by its name's number (its first shard)
         self.blocks = {block[0]: block for block in spec.cluster.blocks(spec.cfg.num_shards)}
+        # the workers of each worker process, by its name's number (its first worker)
+        self.teams = {team[0]: team
+                      for team in spec.cluster.worker_blocks(spec.cfg.num_workers)}
         self.supervisor = Supervisor(self.processes, self._respawn, spec.cluster,
                                      quorum=spec.server.rows_needed(spec.cfg))
         self.report = RunReport(self.out, spec.cfg.rounds)
@@ -185,7 +188,7 @@ class Cluster:
             args = self.proxy_argv(first, self.endpoints[f"server-{first}"], None,
                                    bind=self.endpoints[old.name])
         elif role == "worker":
-            args = self.worker_argv(int(number), self._fronts())
+            args = self.worker_argv(self.teams[int(number)], self._fronts())
         else:
             args = self.evaluator_argv([self.endpoints[f"server-{k}"] for k in self.blocks])
         process = self._new_process(old.name, self.modules[old.name], args, old.log_path)
@@ -249,12 +252,19 @@ class Cluster:
                           self.spec.cfg, self.security,
                           self._process(f"proxy-{first}", ready_file))
 
-    def worker_argv(self, worker: int, endpoints: list[str]) -> list[str]:
+    def worker_argv(self, workers: int | tuple[int, ...], endpoints: list[str]) -> list[str]:
+        """The flags of the worker process running ``workers`` (a worker id, or a team of
+        ``self.teams``: ``--worker-id 0-9``), named after its first; the worker attack's
+        settings if one of them is Byzantine."""
         attack = self.spec.attack
-        client = replace(self.spec.client, servers=",".join(endpoints), worker_id=worker)
-        lies = (attack, *attack.active(attack.worker_attack)) if attack.is_byzantine(worker) else ()
+        team = (workers,) if isinstance(workers, int) else workers
+        first = team[0]
+        client = replace(self.spec.client, servers=",".join(endpoints),
+                         worker_id=format_shard_set(team))
+        lies = ((attack, *attack.active(attack.worker_attack))
+                if any(map(attack.is_byzantine, team)) else ())
         return child_argv(WORKER, client, *lies, self.spec.cfg, self.security,
-                          self._process(f"worker-{worker}"))
+                          self._process(f"worker-{first}"))
 
     def evaluator_argv(self, servers: list[str]) -> list[str]:
         client = replace(self.spec.client, servers=",".join(servers), evaluate=True)
@@ -288,8 +298,9 @@ class Cluster:
         return self._fronts()
 
     def _start_workers(self, endpoints: list[str]) -> None:
-        for i in range(self.spec.cfg.num_workers):
-            self._child(f"worker-{i}", "worker.cli", self.worker_argv(i, endpoints))
+        for first in self.teams:
+            self._child(f"worker-{first}", "worker.cli",
+                        self.worker_argv(self.teams[first], endpoints))
 
     def _start_evaluator(self, servers: list[str]) -> None:
         self._child("evaluator", "worker.cli", self.evaluator_argv(servers))

@@ -6,8 +6,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import ConfigError
 from common.settings import CLUSTER, setting
-from common.sharding import ShardSet, server_blocks
+from common.sharding import ShardSet, server_blocks, shard_ranges
 
 
 def local_cores() -> int:
@@ -49,6 +50,14 @@ class ClusterOptions:
         "cores here), the fastest measured (scripts/bench_cluster.py: on 2 cores, S=4 "
         "on 2 processes beat 1 and 4). The results are the same for every P.",
         roles=(CLUSTER,), minimum=1)
+    worker_processes: int | None = setting(
+        None, "Run the n workers in this many processes (contiguous blocks, each process "
+        "named after its first worker: worker-0, worker-10, ...; each worker keeps its "
+        "own key, connections and metrics, and a process computes its workers' gradients "
+        "one after the other on one model). Default: min(n, twice the cores here), the "
+        "fastest measured (scripts/bench_cluster.py: n=20 on 2 cores, 4 processes beat 2, "
+        "and 20 were slowest). The results are the same for every value.",
+        roles=(CLUSTER,), minimum=1)
     resume: Path | None = setting(None, "Continue the interrupted run in this output "
                                   "directory from its checkpoints, with the run settings it "
                                   "was started with (only ps-cluster's own options, such as "
@@ -60,3 +69,11 @@ class ClusterOptions:
         ``--server-processes``, min(S, ``default``), by default the cores here."""
         processes = self.server_processes or min(num_shards, default or local_cores())
         return server_blocks(num_shards, processes)
+
+    def worker_blocks(self, num_workers: int) -> list[tuple[int, ...]]:
+        """The workers of each worker process (``ConfigError`` for more than n); without
+        ``--worker-processes``, min(n, twice the cores here)."""
+        processes = self.worker_processes or min(num_workers, 2 * local_cores())
+        if not 1 <= processes <= num_workers:
+            raise ConfigError(f"--worker-processes {processes} must be in 1..n={num_workers}")
+        return [tuple(range(a, b)) for a, b in shard_ranges(num_workers, processes)]

@@ -101,7 +101,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
     click.echo(f"final parameters sha256 {result.digest}")
     if out:
         draw_finished_run(out)
-        events = run_events(out)
+        events = run_events(out, evaluation.tensorboard_every)
         if events is not None:
             events.update()
             events.close()

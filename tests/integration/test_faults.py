@@ -88,7 +88,7 @@ def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_pa
 
 def _cluster_args(out: Path, rounds: int, *extra: str) -> list[str]:
     return ["--dataset", "synthetic", "--workers", "4", "--shards", "2", "--server-processes",
-            "2", "--rule", "mean",
+            "2", "--worker-processes", "4", "--rule", "mean",
             "--q", "0", "--rounds", str(rounds), "--seed", "5", "--checkpoint-every", "10",
             "--out-dir", str(out), "--no-evaluator", "--timeout", "5", *extra]
 

@@ -69,6 +69,22 @@ def test_server_refuses_a_shard_set_it_cannot_host(spec: str) -> None:
     assert result.exit_code == EXIT_CONFIG and "--shard: shards" in result.output
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--worker-id", "5"], "--worker-id: workers '5': the run has n=5 workers (0..4)"),
+    (["--worker-id", "1,1"], "--worker-id: workers '1,1' names a worker twice"),
+    (["--worker-id", "0-2", "--worker-attack", "alie"],
+     "--worker-attack in a process of several workers: name the Byzantine ones with "
+     "--byzantine-workers"),
+    (["--worker-id", "0-2", "--worker-attack", "alie", "--byzantine-workers", "4"],
+     "no worker of --worker-id 0-2 is in --byzantine-workers"),
+])
+def test_a_worker_process_refuses_workers_it_cannot_run(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(worker_main, [
+        "--servers", "tcp://127.0.0.1:1", "--workers", "5", "--dataset", "synthetic",
+        "--insecure", *args])
+    assert result.exit_code == EXIT_CONFIG and says in result.output, result.output
+
+
 def test_keys_and_insecure_together_are_a_configuration_error(tmp_path) -> None:
     result = CliRunner().invoke(server_main, ["--keys", str(tmp_path), "--insecure"])
     assert result.exit_code == EXIT_CONFIG and "contradict" in result.output

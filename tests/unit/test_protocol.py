@@ -28,6 +28,7 @@ from common.protocol import (
     decode,
     encode,
     join_envelope,
+    reheaded,
     split_envelope,
 )
 
@@ -207,3 +208,15 @@ def test_a_hello_with_the_runs_own_settings_still_decodes() -> None:
     cfg = RunConfig().validate()
     header = Hello(role="worker", worker=0, config_hash=cfg.config_hash, config=cfg.to_dict())
     assert decode(encode(header)).header == header
+
+
+def test_a_reheaded_push_shares_the_payload_and_refuses_another_length() -> None:
+    values = np.arange(10, dtype=np.float32)
+    frames = encode(Push(round=3, worker=1, length=10, pull_next=True), values)
+    again = reheaded(frames, Push(round=3, worker=1, length=10))
+    assert all(a is b for a, b in zip(again[1:], frames[1:], strict=True))
+    message = decode(again)
+    assert message.header == Push(round=3, worker=1, length=10, pull_next=False)
+    np.testing.assert_array_equal(message.tensor(), values)
+    with pytest.raises(ValueError, match="cannot take a payload of 40 bytes"):
+        reheaded(frames, Push(round=3, worker=1, length=11))

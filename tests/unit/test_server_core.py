@@ -257,6 +257,18 @@ def test_pull_next_pushes_get_the_next_round_params_when_the_round_completes() -
     assert core.state.round == 1 and core.parked == {}
 
 
+def test_the_params_of_a_closing_round_share_one_header_and_tensor() -> None:
+    core = make_core()
+    assert pull(core, 1, peer=b"early") == []  # an evaluator parked for round 1 too
+    push(core, 0, pull_next=True)
+    push(core, 1, pull_next=True)
+    replies = push(core, 2, pull_next=True)
+    assert len(replies) == 4
+    first = replies[0]
+    assert all(r.header is first.header and r.tensor is first.tensor for r in replies)
+    assert len({id(r.envelope) for r in replies}) == 4
+
+
 def test_last_push_without_pull_next_is_acked_and_releases_the_parked() -> None:
     core = make_core()
     push(core, 0, pull_next=True)

@@ -43,7 +43,7 @@ def test_a_runs_metrics_become_scalars_by_round_as_they_grow(tmp_path: Path) -> 
                                      "missing": [2]})
     _append(run / "proxy-0.jsonl", {"round": 0, "corrupted_values": 57},
             partial='{"round": 1, "corrupted')  # a line still being written
-    events = RunEvents(run)
+    events = RunEvents(run, every=1)
     events.update(restarts=0)
     _append(run / "evaluator.jsonl", {"round": 5, "top1": 0.6, "top3": 0.9, "loss": 1.0})
     _append(run / "proxy-0.jsonl", partial='_values": 60}\n')  # now complete
@@ -55,6 +55,28 @@ def test_a_runs_metrics_become_scalars_by_round_as_they_grow(tmp_path: Path) -> 
     assert got["server/missing_workers/shard-1"] == [(0, 1.0)]
     assert got["proxy/corrupted_values/proxy-0"] == [(0, 57.0), (1, 60.0)]  # once each
     assert got["cluster/restarts"] == [(5, 1.0)]
+
+
+def test_the_per_round_series_are_sampled_every_k_rounds_evaluations_all(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    _append(run / "worker-0.jsonl", *({"round": t, "loss": 1.0 / (t + 1), "compute_ms": 1.0,
+                                       "exchange_ms": 2.0} for t in range(25)))
+    _append(run / "server-0.jsonl", *({"round": t, "aggregation_ms": 0.3,
+                                       "nonfinite_values": 0} for t in range(25)))
+    _append(run / "evaluator.jsonl", *({"round": t, "top1": 0.5, "top3": 0.8, "loss": 1.0}
+                                       for t in (0, 3, 7)))
+    events = run_events(run, every=10)
+    assert events is not None
+    events.update()
+    events.close()
+    got = _scalars(run / "tensorboard")
+    assert [s for s, _ in got["train/loss/worker-0"]] == [0, 10, 20]
+    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 10, 20]
+    assert [s for s, _ in got["test/top1"]] == [0, 3, 7]
+    assert run_events(tmp_path / "other", every=0) is None  # --tensorboard-every 0: none
+    assert not (tmp_path / "other").exists()
 
 
 def test_without_the_extra_nothing_is_written(tmp_path: Path, monkeypatch) -> None:
@@ -69,10 +91,12 @@ def test_ps_simulate_writes_the_runs_events(tmp_path: Path) -> None:
     out = tmp_path / "sim"
     result = CliRunner().invoke(simulate_main, [
         "--dataset", "synthetic", "--workers", "3", "--shards", "2", "--rounds", "4",
-        "--eval-every", "2", "--proxy-attack", "gambler", "--out-dir", str(out)])
+        "--eval-every", "2", "--proxy-attack", "gambler", "--tensorboard-every", "2",
+        "--out-dir", str(out)])
     assert result.exit_code == 0, result.output
     got = _scalars(out / "tensorboard")
     assert [s for s, _ in got["test/top1"]] == [2, 4]
+    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 2]  # rounds 0..3
     assert {"server/aggregation_ms/shard-0", "server/aggregation_ms/shard-1",
             "proxy/corrupted_values/engine"} <= set(got)
 
