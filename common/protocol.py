@@ -257,7 +257,7 @@ def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
     the payload frames are shared, not encoded again (a push and its re-push differ in
     ``pull_next`` only). ``ValueError`` if ``header`` announces another length."""
     size = sum(memoryview(f).nbytes for f in frames[1:])
-    if header.op not in _TENSOR_OPS or size != _length(header) * 4:  # float32
+    if header.op not in _TENSOR_OPS or size != _length(header) * ITEM_BYTES:
         raise ValueError(f"{header.op.name} cannot take a payload of {size} bytes")
     return [_header_frame(header), *frames[1:]]
 

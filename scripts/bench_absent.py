@@ -57,7 +57,8 @@ def main(workers: int, shards: int, rounds: int, kill_at: int, victim: int,
         out = Path(tmp)
         spec = ClusterSpec(cfg=cfg, attack=AttackConfig().validate(cfg), out_dir=out,
                            client=ClientOptions(timeout_s=30.0),
-                           cluster=ClusterOptions(max_restarts=0, no_evaluator=True),
+                           cluster=ClusterOptions(max_restarts=0, no_evaluator=True,
+                                                  worker_processes=workers),  # one each
                            server=ServerOptions(round_timeout_s=round_timeout, quorum=quorum),
                            security=SecurityOptions())
         report = _measure(spec, kill_at, f"worker-{victim}")

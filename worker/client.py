@@ -11,9 +11,13 @@ and the loop that feeds the core:
   reopened socket is a new peer to the server: the core has it say HELLO first), with
   a socket monitor whose events (handshake succeeded or failed, disconnected) go to
   the core;
-* ``ClusterClient`` polls the links of the shards that still owe an answer, in slices
-  of ``WAIT_SLICE_MS`` so a stop request is seen, and hands the core each reply, the
-  monitors' events when nothing came, and the time.
+* a ``ClusterClient`` is one worker's (or the evaluator's) core and links;
+  ``poll_clients`` polls the links that still owe an answer of several clients at once
+  (the workers of one process), in slices of ``WAIT_SLICE_MS`` so a stop request is
+  seen, and hands each client's core its replies, its monitors' events when none of
+  its links had one, and the time; ``exchange_all`` runs one exchange of each client
+  to its outcome that way (a worker process's workers say HELLO and catch up
+  together; ``worker/run.py`` drives their rounds).
 
 With keys each link is a CURVE client that checks the server's key.
 """
@@ -34,7 +38,7 @@ from common.process import check_stop
 from common.protocol import Buffer, Message, ProtocolError, Welcome
 from common.sharding import ShardSet
 from common.transport import connect_dealer, receive, send_frames
-from worker.core import ClientCore, Connection, NextRound, RetryPolicy, Send
+from worker.core import ClientCore, Connection, RetryPolicy, Send
 
 log = logging.getLogger("ps.client")
 
@@ -150,14 +154,6 @@ class ClusterClient:
         """The full parameter vector x^round_, assembled from every shard's PARAMS."""
         return self._exchange(lambda now: self.core.pull(round_, now))  # type: ignore[return-value]
 
-    def push(self, round_: int, gradient: np.ndarray) -> NextRound:
-        """Push the gradient of ``round_``; where the worker goes on (x^{round_+1}, or
-        the round it caught up to)."""
-        return self._exchange(lambda now: self.core.push(round_, gradient, now))  # type: ignore[return-value]
-
-    def catch_up(self, round_: int) -> NextRound:
-        """x^t of the first round t >= ``round_`` that every shard still serves."""
-        return self._exchange(lambda now: self.core.catch_up(round_, now))  # type: ignore[return-value]
 
     # -- the loop ----------------------------------------------------------------
 
@@ -180,11 +176,7 @@ class ClusterClient:
 
     def _exchange(self, start: Callable[[float], list[Send]]) -> object:
         """Run one exchange of the core to its outcome (what it raises, raised)."""
-        self.begin(start)
-        while self.busy:
-            check_stop()
-            poll_clients([self])
-        return self.core.outcome
+        return exchange_all([(self, start)])[0]
 
     def _take(self, ready: dict[zmq.Socket, int], now: float) -> None:
         """Hand the core the replies among ``ready``, or its monitors' events if none of
@@ -221,12 +213,12 @@ def poll_clients(clients: Sequence[ClusterClient]) -> None:
     if not busy:
         return
     poller = zmq.Poller()
-    deadlines = []
     for client in busy:
         for s in client.core.pending:
             poller.register(client.links[s].socket, zmq.POLLIN)
-        deadlines.append(client.core.next_deadline())
-    wait_ms = int((min(d for d in deadlines if d is not None) - time.monotonic()) * 1000)
+    deadline = min((d for d in (c.core.next_deadline() for c in busy) if d is not None),
+                   default=None)
+    wait_ms = WAIT_SLICE_MS if deadline is None else int((deadline - time.monotonic()) * 1000)
     ready = dict(poller.poll(max(0, min(wait_ms, WAIT_SLICE_MS))))
     now = time.monotonic()
     for client in busy:
@@ -242,10 +234,15 @@ def exchange_all(starts: Sequence[tuple[ClusterClient, Callable[[float], list[Se
     """Run one exchange of each client at once (``start(now)`` each) to their outcomes,
     in order: the workers of one process say HELLO and catch up together, so none waits
     for a round that needs another's push."""
+    clients = [client for client, _ in starts]
     for client, start in starts:
         client.begin(start)
-    clients = [client for client, _ in starts]
-    while any(c.busy for c in clients):
-        check_stop()
-        poll_clients(clients)
+    try:
+        while any(c.busy for c in clients):
+            check_stop()
+            poll_clients(clients)
+    except BaseException:  # a stop request, or a peer's error: no reply read as the next's
+        for client in clients:
+            client._apply(client.core.abandon())
+        raise
     return [c.core.outcome for c in clients]

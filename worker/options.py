@@ -41,7 +41,8 @@ class ClientOptions:
 
     replay_rounds: int = setting(18, "Gradients of the last K rounds kept, to replay them to a "
                                  "server that restarted from an older checkpoint (K x the "
-                                 "model size in memory).", roles=(WORKER, CLUSTER), minimum=0)
+                                 "model size in memory per worker).", roles=(WORKER, CLUSTER),
+                                 minimum=0)
 
     def worker_ids(self, num_workers: int) -> tuple[int, ...]:
         """The workers of ``--worker-id``, sorted (``ConfigError`` naming what is wrong)."""

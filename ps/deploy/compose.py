@@ -244,7 +244,7 @@ def worker_environment(dep: Deployment, worker_id: int | None, byzantine: bool,
     lies = (attack, *attack.active(attack.worker_attack)) if byzantine else ()
     return _environment(
         WORKER, dep.settings(ClientOptions, WORKER, servers=",".join(map(endpoint, fronts)),
-                             worker_id=worker_id),
+                             worker_id=None if worker_id is None else str(worker_id)),
         *lies, SecurityOptions(keys=keys_dir),
         dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR))
 

@@ -98,7 +98,8 @@ class Cluster:
         self.teams = {team[0]: team
                       for team in spec.cluster.worker_blocks(spec.cfg.num_workers)}
         self.supervisor = Supervisor(self.processes, self._respawn, spec.cluster,
-                                     quorum=spec.server.rows_needed(spec.cfg))
+                                     quorum=spec.server.rows_needed(spec.cfg),
+                                     workers_of=self._workers_of)
         self.report = RunReport(self.out, spec.cfg.rounds)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -194,6 +195,10 @@ class Cluster:
         process = self._new_process(old.name, self.modules[old.name], args, old.log_path)
         process.start()
         return process
+
+    def _workers_of(self, name: str) -> int:
+        """How many workers process ``name`` (``worker-<first>``) runs."""
+        return len(self.teams.get(int(name.partition("-")[2]), ()))
 
     def _new_process(self, name: str, module: str, args: list[str],
                      log_path: Path) -> ManagedProcess:

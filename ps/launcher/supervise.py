@@ -2,9 +2,10 @@
 
 A process that dies unexpectedly (killed, crashed; not a configuration error) is
 started again, up to ``--max-restarts`` times each, by the cluster that started it
-(same settings, same endpoint). A worker past its restarts is given up on while the
-servers' quorum K (``--quorum``; n without a round deadline) does without it: the
-rounds close with the pushes of the others. Any other process failing for good, or
+(same settings, same endpoint); a worker process with all its workers. A worker
+process past its restarts is given up on while the servers' quorum K (``--quorum``; n
+without a round deadline) does without its workers: the rounds close with the pushes
+of the others. Any other process failing for good, or
 the run outlasting ``--run-timeout``, ends the run (``ProcessFailed``,
 ``ClusterTimeout``).
 """
@@ -60,13 +61,17 @@ class Supervisor:
     gives up on workers the quorum does without, and ends the run otherwise.
 
     ``restarts`` records each restart (process, exit code, seconds into the run);
-    ``lost`` names the workers given up on (both go to ``summary.json``)."""
+    ``lost`` names the worker processes given up on (both go to ``summary.json``);
+    ``workers_of(name)`` is how many workers worker process ``name`` runs (one each
+    by default)."""
 
     def __init__(self, processes: list[ManagedProcess],
                  respawn: Callable[[ManagedProcess], ManagedProcess],
-                 options: ClusterOptions, quorum: int) -> None:
+                 options: ClusterOptions, quorum: int,
+                 workers_of: Callable[[str], int] = lambda _name: 1) -> None:
         self.processes = processes
         self.respawn = respawn
+        self.workers_of = workers_of
         self.max_restarts = options.max_restarts
         self.run_timeout_s = options.run_timeout_s
         self.quorum = quorum  # K: pushes a round needs to close at its deadline
@@ -123,9 +128,11 @@ class Supervisor:
         return sum(r["process"] == name for r in self.restarts)
 
     def can_lose(self, name: str, code: int) -> bool:
-        """Worker ``name`` died for good and the quorum does without it: fewer workers
-        are lost than the started ones beyond the quorum."""
-        workers = sum(p.name.startswith("worker-") for p in self.processes)
-        lost_workers = sum(n.startswith("worker-") for n in self.lost)
-        return (name.startswith("worker-") and restartable(code)
-                and lost_workers < workers - self.quorum)
+        """Worker process ``name`` died for good and the quorum does without its workers:
+        with them, no more workers are lost than the started ones beyond the quorum."""
+        if not (name.startswith("worker-") and restartable(code)):
+            return False
+        workers = sum(self.workers_of(p.name) for p in self.processes
+                      if p.name.startswith("worker-"))
+        lost = sum(self.workers_of(n) for n in self.lost if n.startswith("worker-"))
+        return lost + self.workers_of(name) <= workers - self.quorum

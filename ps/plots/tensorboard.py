@@ -17,7 +17,8 @@ directory, so ``tensorboard --logdir runs/`` shows every run side by side):
 The per-round series (workers, shards, proxies, the engine) are written every
 ``every`` rounds (``--tensorboard-every``, 10 by default): one scalar per worker and
 round is thousands of events a second at 20 workers and 20 rounds/s, CPU taken from
-the run; evaluations and restarts are always written.
+the run; evaluations and restarts are always written, and so is every shard's round
+that closed without some workers or held non-finite values.
 
 ``ps-cluster`` calls :meth:`RunEvents.update` at each progress tick, so the events
 follow the run as it goes; ``ps-simulate`` once at the end. The experiment runner
@@ -65,6 +66,12 @@ def run_events(run_dir: Path, every: int = 10,
     return RunEvents(run_dir, every, logdir) if every > 0 and available() else None
 
 
+def _notable(record: dict[str, Any]) -> bool:
+    """A shard's round worth its point whatever the sampling: workers missing from it, or
+    non-finite values in it."""
+    return bool(record.get("missing")) or bool(record.get("nonfinite_values"))
+
+
 class RunEvents:
     """The event files of the run in ``run_dir`` (in ``logdir``, by default
     ``run_dir/tensorboard``), fed from its metrics files."""
@@ -92,7 +99,7 @@ class RunEvents:
             for path, write in self._files():
                 sampled = write != self._evaluation
                 for record in self._new_lines(path):
-                    if not sampled or record["round"] % self.every == 0:
+                    if not sampled or record["round"] % self.every == 0 or _notable(record):
                         write(path, record)
             if restarts is not None and restarts > self.restarts:
                 self.restarts = restarts

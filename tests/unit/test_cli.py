@@ -283,3 +283,22 @@ def test_the_summary_line_says_which_span_its_time_and_rate_cover(tmp_path) -> N
                                                "loss 1.2500")
     assert summary_line(1, 2.0, Progress(round=1)) == \
         "done: 1 rounds in 2.0 s wall time (start-up included)"
+
+
+def test_ps_cluster_refuses_more_worker_processes_than_workers(tmp_path) -> None:
+    result = CliRunner().invoke(cluster_main, [
+        "--dataset", "synthetic", "--workers", "3", "--worker-processes", "4", "--insecure",
+        "--out-dir", str(tmp_path / "run")])
+    assert result.exit_code == EXIT_CONFIG
+    assert "--worker-processes 4 must be in 1..n=3" in result.output
+
+
+def test_the_default_worker_processes_are_two_per_core_in_contiguous_blocks(
+        monkeypatch) -> None:
+    from ps.launcher import options
+
+    monkeypatch.setattr(options, "local_cores", lambda: 2)
+    assert options.ClusterOptions().worker_blocks(10) == [
+        (0, 1, 2), (3, 4, 5), (6, 7), (8, 9)]
+    assert options.ClusterOptions().worker_blocks(3) == [(0,), (1,), (2,)]
+    assert options.ClusterOptions(worker_processes=1).worker_blocks(3) == [(0, 1, 2)]

@@ -37,10 +37,11 @@ def respawn(old: FakeProcess) -> FakeProcess:
 
 
 def supervisor(names: list[str], max_restarts: int = 0, quorum: int = 2,
-               run_timeout_s: float | None = None) -> Supervisor:
+               run_timeout_s: float | None = None, teams: dict[str, int] | None = None,
+               ) -> Supervisor:
     options = ClusterOptions(max_restarts=max_restarts, run_timeout_s=run_timeout_s)
     return Supervisor([FakeProcess(n) for n in names], respawn, options,  # type: ignore[arg-type]
-                      quorum=quorum)
+                      quorum=quorum, workers_of=lambda name: (teams or {}).get(name, 1))
 
 
 def test_a_crashed_process_is_restarted_in_place_until_its_restarts_are_spent() -> None:
@@ -80,6 +81,24 @@ def test_workers_beyond_the_quorum_are_lost_and_the_run_goes_on_without_them() -
 def test_the_spare_workers_are_counted_among_those_started() -> None:
     """A cluster that starts only K workers has none to spare (the chaos run)."""
     s = supervisor(["server-0", "worker-0", "worker-1"], quorum=2)
+    s.processes[1].returncode = -9
+    with pytest.raises(ProcessFailed, match="worker-0"):
+        s.check()
+
+
+def test_a_worker_process_is_lost_only_if_the_quorum_does_without_all_its_workers() -> None:
+    # 8 workers in 4 processes of 2, quorum 6: one process (2 workers) may go, not two
+    teams = {f"worker-{k}": 2 for k in (0, 2, 4, 6)}
+    s = supervisor(["server-0", *teams], quorum=6, teams=teams)
+    s.processes[2].returncode = -9
+    s.check()
+    assert s.lost == ["worker-2"]
+    s.processes[3].returncode = -9
+    with pytest.raises(ProcessFailed, match="worker-4 exited with code -9"):
+        s.check()
+    # a process of 3 workers when only 2 may go: refused at once
+    s = supervisor(["server-0", "worker-0", "worker-3"], quorum=4,
+                   teams={"worker-0": 3, "worker-3": 3})
     s.processes[1].returncode = -9
     with pytest.raises(ProcessFailed, match="worker-0"):
         s.check()

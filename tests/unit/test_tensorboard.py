@@ -64,7 +64,9 @@ def test_the_per_round_series_are_sampled_every_k_rounds_evaluations_all(
     _append(run / "worker-0.jsonl", *({"round": t, "loss": 1.0 / (t + 1), "compute_ms": 1.0,
                                        "exchange_ms": 2.0} for t in range(25)))
     _append(run / "server-0.jsonl", *({"round": t, "aggregation_ms": 0.3,
-                                       "nonfinite_values": 0} for t in range(25)))
+                                       "nonfinite_values": 5 * (t == 13),
+                                       "missing": [2] if t == 17 else []}
+                                      for t in range(25)))
     _append(run / "evaluator.jsonl", *({"round": t, "top1": 0.5, "top3": 0.8, "loss": 1.0}
                                        for t in (0, 3, 7)))
     events = run_events(run, every=10)
@@ -73,7 +75,10 @@ def test_the_per_round_series_are_sampled_every_k_rounds_evaluations_all(
     events.close()
     got = _scalars(run / "tensorboard")
     assert [s for s, _ in got["train/loss/worker-0"]] == [0, 10, 20]
-    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 10, 20]
+    # a round with non-finite values or missing workers is written whatever the sampling
+    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 10, 13, 17, 20]
+    assert (13, 5.0) in got["server/nonfinite_values/shard-0"]
+    assert (17, 1.0) in got["server/missing_workers/shard-0"]
     assert [s for s, _ in got["test/top1"]] == [0, 3, 7]
     assert run_events(tmp_path / "other", every=0) is None  # --tensorboard-every 0: none
     assert not (tmp_path / "other").exists()
