@@ -55,8 +55,9 @@ class ClusterOptions:
         "named after its first worker: worker-0, worker-10, ...; each worker keeps its "
         "own key, connections and metrics, and a process computes its workers' gradients "
         "one after the other on one model). Default: min(n, twice the cores here), the "
-        "fastest measured (scripts/bench_cluster.py: n=20 on 2 cores, 4 processes beat 2, "
-        "and 20 were slowest). The results are the same for every value.",
+        "fastest measured (scripts/bench_cluster.py: n=20 on 2 cores, 4 processes as fast "
+        "as 2 or faster in 6 of 8 layouts, 20 slower than 4 in 5 of 6). The results are "
+        "the same for every value.",
         roles=(CLUSTER,), minimum=1)
     resume: Path | None = setting(None, "Continue the interrupted run in this output "
                                   "directory from its checkpoints, with the run settings it "
