@@ -1,6 +1,7 @@
 """Worker processes running several workers, through real processes: n workers in fewer
-processes (with keys, Byzantine workers and momentum among them), and a process of two
-workers killed and restarted by the launcher. Each worker keeps its own key,
+processes (with keys, Byzantine workers and momentum among them), a process of two
+workers killed and restarted by the launcher, and one stopped while rounds close at
+their deadline without its workers. Each worker keeps its own key,
 connections and metrics; every run ends bit-identical to the reference engine, which
 knows nothing of processes."""
 
@@ -17,9 +18,12 @@ import torch
 
 from common.config import AttackConfig, RunConfig
 from common.metrics import read_jsonl
+from common.settings import SERVER, to_argv
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
+from ps.reference.participation import read_participation
+from server.checkpoint import final_parameters, params_digest
 from tests.integration.conftest import wait_for
 from tests.integration.test_faults import _children
 from worker.options import ClientOptions, EvalOptions
@@ -71,3 +75,48 @@ def test_a_killed_process_of_two_workers_is_restarted_and_the_run_ends_bit_ident
     assert any("verified" in line for line in launcher.tail(5))
     for i in (2, 3):  # both came back: their metrics reach the last round
         assert read_jsonl(out / f"worker-{i}.jsonl")[-1]["round"] == 59
+
+
+DEADLINE_CFG = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rule="marmed", q=2,
+                         rounds=30, seed=4).validate()
+
+
+def test_a_stopped_process_of_two_workers_misses_rounds_and_both_catch_up(
+        processes, tmp_path: Path) -> None:
+    """Rounds close at their deadline (quorum 3 of 5) without a stopped process's two
+    workers; once it
+    goes on, both find their round closed (stale-round), catch up together and push
+    every later round; the run is the reference engine's replaying who was there."""
+    ready = tmp_path / "server.endpoint"
+    server = processes.start("server-0", "server.cli", [
+        "--shard", "0-1", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path), "--linger", "0", "--insecure", "--round-timeout", "0.4",
+        "--quorum", "3", *to_argv(DEADLINE_CFG, SERVER)])
+    endpoint = processes.endpoint(ready, server)
+    teams = [processes.start(f"worker-{first}", "worker.cli", [
+        "--servers", endpoint, "--worker-id", ids, "--timeout", "30", "--insecure",
+        "--out-dir", str(tmp_path), *to_argv(DEADLINE_CFG, SERVER)])
+        for first, ids in ((0, "0-1"), (2, "2-4"))]
+    rounds = tmp_path / "server-0.jsonl"
+    wait_for(lambda: len(read_jsonl(rounds)) >= 4, 120, "round 4")
+    os.kill(teams[0].pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: sum(r["missing"] == [0, 1] for r in read_jsonl(rounds)) >= 3, 60,
+                 "three rounds closed without workers 0 and 1")
+    finally:
+        os.kill(teams[0].pid, signal.SIGCONT)
+    for team in teams:
+        assert processes.wait_exit(team, 120) == 0, team.tail()
+    assert processes.wait_exit(server, 60) == 0
+    log = "\n".join(teams[0].tail(80))
+    assert "worker 0: round" in log and "worker 1: round" in log and "caught up" in log
+    lines = read_jsonl(rounds)
+    assert [r["round"] for r in lines] == list(range(DEADLINE_CFG.rounds))
+    assert lines[-1]["missing"] == []  # both are back to the end
+    for i in (0, 1):  # each recorded the rounds it pushed, the last among them
+        assert read_jsonl(tmp_path / f"worker-{i}.jsonl")[-1]["round"] == 29
+    torch.set_num_threads(1)
+    replay = read_participation(tmp_path, DEADLINE_CFG.num_shards, DEADLINE_CFG.num_workers,
+                                DEADLINE_CFG.rounds)
+    reference = simulate(DEADLINE_CFG, AttackConfig(), participation=replay)
+    assert reference.digest == params_digest(final_parameters(tmp_path, DEADLINE_CFG, None))
