@@ -25,6 +25,7 @@ With keys each link is a CURVE client that checks the server's key.
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections.abc import Callable, Sequence
 
@@ -33,6 +34,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from common.config import RunConfig
+from common.errors import ConfigError
 from common.keys import CurveClient, KeyRing
 from common.process import check_stop
 from common.protocol import Buffer, Message, ProtocolError, Welcome
@@ -79,9 +81,11 @@ class Link:
         return sock, sock.get_monitor_socket(events)
 
     def reopen(self) -> None:
-        """A new socket (what was queued on the old one is dropped)."""
+        """A new socket (what was queued on the old one is dropped); if it cannot be
+        opened, the old one stays, to be closed with the link."""
+        socket, monitor = self._open()
         self.close()
-        self.socket, self.monitor = self._open()
+        self.socket, self.monitor = socket, monitor
 
     def send(self, frames: list[Buffer]) -> bool:
         """Send without blocking; False if there is no live connection to send on (e.g.
@@ -202,6 +206,25 @@ class ClusterClient:
                 self.core.connection(send.link, link.events(), time.monotonic())
                 log.debug("%s: no connection to send on yet; the timeout will resend",
                           link.endpoint)
+
+
+def reserve_links(links: int) -> None:
+    """Room in this process for ``links`` links (a DEALER and its monitor each, and their
+    file descriptors), before the first is opened: ZeroMQ's socket cap (1023 by default)
+    and the open-file limit are raised as needed; ``ConfigError`` if the hard limit is too
+    low (a process of many workers and server processes: 100 x 20 links)."""
+    sockets = 4 * links + 64  # a DEALER, its monitor, the monitor's peer; and reopening
+    ctx = zmq.Context.instance()
+    if ctx.get(zmq.MAX_SOCKETS) < sockets:
+        ctx.set(zmq.MAX_SOCKETS, sockets)
+    files = 4 * links + 256  # the connection, each socket's mailbox, the library's own
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < files:
+        if hard != resource.RLIM_INFINITY and hard < files:
+            raise ConfigError(f"{links} connections need about {files} open files, and this "
+                              f"process may open {hard} (ulimit -n): run the workers in more "
+                              f"processes (--worker-processes)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, hard))
 
 
 def poll_clients(clients: Sequence[ClusterClient]) -> None:

@@ -27,7 +27,7 @@ from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
-from worker.client import ClusterClient, exchange_all, poll_clients
+from worker.client import ClusterClient, exchange_all, poll_clients, reserve_links
 from worker.core import NextRound, RetryPolicy
 from worker.options import ClientOptions
 from worker.step import WorkerStep
@@ -94,6 +94,7 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
     computer = GradientComputer(cfg, dataset)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
+    reserve_links(len(workers) * len(servers))
     # kept in memory from round to round: a restarted worker starts again from zero
     team = [_Member(w, WorkerStep(cfg, attack, computer, w),
                     ClusterClient(servers, cfg, "worker", w, policy, keys,
