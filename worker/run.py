@@ -8,7 +8,8 @@ One process runs one worker or several (``--worker-id 0-9``). Each keeps everyth
 worker process has: its key and connections (``ClusterClient``), its step state, its
 replay window and its ``worker-<i>.jsonl``; they share the dataset and one model, on
 which they compute one after the other. A worker whose exchange is answered computes
-its next round while the others still wait for theirs; all wait on one poll. The run
+its next round while the others still wait for theirs, honest workers before Byzantine
+ones; all wait on one poll. The run
 is the same as with a process per worker (bit-identical): a process is a deployment
 choice, as a server process hosting several shards is. The process is the unit of
 failure: an error of one worker ends it, and a supervisor restarts all its workers.
@@ -101,6 +102,9 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
                                   replay_rounds=options.replay_rounds),
                     JsonlWriter(out_dir / f"worker-{w}.jsonl" if out_dir else None))
             for w in workers]
+    # honest workers compute first: an attack (some compute every honest gradient) never
+    # delays an honest push of its process (the order changes no result)
+    team.sort(key=lambda m: m.step.byzantine)
     try:
         welcomed = exchange_all([(m.client, m.client.core.hello) for m in team])
         for m, welcomes in zip(team, welcomed, strict=True):

@@ -49,6 +49,8 @@ def test_seven_workers_in_three_processes_end_bit_identical(tmp_path: Path) -> N
     # each worker said HELLO with its own key: the servers saw seven workers each round
     assert all(x["workers"] == list(range(7)) for x in read_jsonl(out / "server-0.jsonl"))
     assert "byzantine: alie" in (out / "logs" / "worker-5.log").read_text()
+    first = (out / "logs" / "worker-0.log").read_text()  # honest workers compute first
+    assert first.index("worker 2 of 7:") < first.index("worker 1 of 7 (byzantine: alie)")
     torch.set_num_threads(1)  # the processes use one thread; so must the reference
     reference = simulate(cfg, attack)
     assert reference.digest == result.digest
