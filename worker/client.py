@@ -158,7 +158,6 @@ class ClusterClient:
         """The full parameter vector x^round_, assembled from every shard's PARAMS."""
         return self._exchange(lambda now: self.core.pull(round_, now))  # type: ignore[return-value]
 
-
     # -- the loop ----------------------------------------------------------------
 
     @property

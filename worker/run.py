@@ -9,9 +9,9 @@ worker process has: its key and connections (``ClusterClient``), its step state,
 replay window and its ``worker-<i>.jsonl``; they share the dataset and one model, on
 which they compute one after the other. A worker whose exchange is answered computes
 its next round while the others still wait for theirs, honest workers before Byzantine
-ones; all wait on one poll. The run
-is the same as with a process per worker (bit-identical): a process is a deployment
-choice, as a server process hosting several shards is. The process is the unit of
+ones; all wait on one poll. The run is the same as with a process per worker
+(bit-identical): a process is a deployment choice, as a server process hosting several
+shards is. The process is the unit of
 failure: an error of one worker ends it, and a supervisor restarts all its workers.
 """
 
@@ -49,11 +49,11 @@ class _Member:
     started_at: int = 0  # this process's first round: its momentum began there
     pushed: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)  # round, loss, times
 
-    def push(self, cfg: RunConfig) -> bool:
+    def push(self, cfg: RunConfig) -> None:
         """Compute and start pushing its next round, if it has one."""
         at = self.at
         if at is None or at.round >= cfg.rounds:
-            return False
+            return
         t = at.round
         began = time.perf_counter()
         g, loss = self.step(at.params, t)  # type: ignore[arg-type]
@@ -62,7 +62,6 @@ class _Member:
         self.client.begin(lambda now: self.client.core.push(t, g, now))
         self.at = None
         self.pushed = (t, loss, began, computed)
-        return True
 
     def answered(self, cfg: RunConfig) -> None:
         """Its push's exchange is over: go on where it says, and record the round."""
