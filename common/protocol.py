@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DTYPE = "<f4"
 ITEM_BYTES = 4
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -145,12 +145,16 @@ class Pull:
 @dataclass(frozen=True)
 class Params:
     """The parameters of the server's ``shards`` at ``round``, concatenated in shard
-    order; ``length`` float32 values follow as raw frames."""
+    order; ``length`` float32 values follow as raw frames.
+
+    ``bare``: no values follow (the answer to a ``bare_params`` push): round ``round``
+    exists, and the worker's process holds its values from another worker's reply."""
 
     op: ClassVar[Op] = Op.PARAMS
     round: int
     shards: list[int]
     length: int
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,10 @@ class Push:
     concatenated in shard order); ``length`` float32 values follow.
 
     With ``pull_next`` the reply is not an ACK but PARAMS(round + 1), sent once that
-    round exists: one exchange per shard and round instead of two.
+    round exists: one exchange per shard and round instead of two. With ``bare_params``
+    too, that PARAMS is ``bare``: a process running several workers asks for the values
+    once, on one worker's push, since x^{round+1} is the same for all of them (a peer
+    that asks for bare replies only deprives itself).
     """
 
     op: ClassVar[Op] = Op.PUSH
@@ -167,6 +174,7 @@ class Push:
     worker: int
     length: int
     pull_next: bool = False
+    bare_params: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,7 +232,10 @@ class Message:
     chunks: tuple[memoryview, ...] = ()
 
     def tensor(self) -> np.ndarray:
-        """The payload as a float32 array (zero-copy when it arrived as one frame)."""
+        """The payload as a float32 array (zero-copy when it arrived as one frame);
+        ``ValueError`` for a bare PARAMS, which has none."""
+        if not _carries_tensor(self.header):
+            raise ValueError(f"a bare {self.header.op.name} carries no values")
         return chunks_to_array(self.chunks, _length(self.header))
 
     def tensor_into(self, *outs: np.ndarray) -> None:
@@ -238,7 +249,7 @@ def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = No
     """Frames for ``header`` (and the tensor of a PARAMS/PUSH message: an array, or a
     sequence of arrays sent one after the other without copying, ``length`` in all)."""
     frames: list[Buffer] = [_header_frame(header)]
-    if header.op in _TENSOR_OPS:
+    if _carries_tensor(header):
         if tensor is None:
             raise ValueError(f"{header.op.name} needs a tensor")
         parts = [tensor] if isinstance(tensor, np.ndarray) else list(tensor)
@@ -248,7 +259,8 @@ def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = No
         for part in parts:
             frames.extend(array_to_chunks(part, int(np.size(part))))
     elif tensor is not None:
-        raise ValueError(f"{header.op.name} carries no tensor")
+        raise ValueError(f"{'a bare ' * (header.op in _TENSOR_OPS)}{header.op.name} "
+                         "carries no tensor")
     return frames
 
 
@@ -257,7 +269,7 @@ def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
     the payload frames are shared, not encoded again (a push and its re-push differ in
     ``pull_next`` only). ``ValueError`` if ``header`` announces another length."""
     size = sum(memoryview(f).nbytes for f in frames[1:])
-    if header.op not in _TENSOR_OPS or size != _length(header) * ITEM_BYTES:
+    if not _carries_tensor(header) or size != _length(header) * ITEM_BYTES:
         raise ValueError(f"{header.op.name} cannot take a payload of {size} bytes")
     return [_header_frame(header), *frames[1:]]
 
@@ -295,9 +307,12 @@ def decode(frames: Sequence[Any]) -> Message:
     header = _build_header(HEADER_TYPES[op], body)
     chunks = tuple(_as_buffer(f) for f in frames[1:])
     if op in _TENSOR_OPS:
+        _check_length(_length(header))
+    if _carries_tensor(header):
         _check_payload(chunks, _length(header))
     elif chunks:
-        raise ProtocolError(f"{op.name} carries no tensor but {len(chunks)} extra frames came")
+        raise ProtocolError(f"{'a bare ' * (op in _TENSOR_OPS)}{op.name} carries no tensor "
+                            f"but {len(chunks)} extra frames came")
     return Message(header, chunks)
 
 
@@ -358,9 +373,18 @@ def _length(header: Header) -> int:
     return header.length  # type: ignore[union-attr]
 
 
-def _check_payload(chunks: Sequence[memoryview], length: int) -> None:
+def _carries_tensor(header: Header) -> bool:
+    """PARAMS (unless bare) and PUSH carry ``length`` values."""
+    return header.op in _TENSOR_OPS and not getattr(header, "bare", False)
+
+
+def _check_length(length: int) -> None:
+    """A PUSH or PARAMS (bare too) states 1..MAX_ELEMENTS values."""
     if not 0 < length <= MAX_ELEMENTS:
         raise ProtocolError(f"tensor length {length} outside 1..{MAX_ELEMENTS}")
+
+
+def _check_payload(chunks: Sequence[memoryview], length: int) -> None:
     if any(len(c) > CHUNK_BYTES for c in chunks):
         raise ProtocolError(f"tensor chunk larger than {CHUNK_BYTES} bytes")
     size = sum(len(c) for c in chunks)

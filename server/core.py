@@ -24,7 +24,8 @@ decides:
 * the HELLO check of the run settings, and the sessions it opens: who may push as which
   worker (``server/sessions.py``), checked against the CURVE key of each message;
 * PULLs and ``pull_next`` pushes parked until their round exists: at most one per peer
-  and round, ``MAX_PARKED_PER_PEER`` per peer, ``MAX_PARKED`` in all;
+  and round, ``MAX_PARKED_PER_PEER`` per peer, ``MAX_PARKED`` in all; a round's PARAMS
+  to all of them share one header and tensor (``bare_params`` pushes: one bare header);
 * repeated pushes (a worker restarted between its shard pushes, or a lost reply),
   answered as the first one was;
 * the readers that have not yet read the final round (the node lingers for them);
@@ -135,6 +136,7 @@ class ServerCore:
         self.sessions = Sessions()
         # (peer, round) -> the envelope to answer with PARAMS(round)
         self.parked: dict[tuple[Peer, int], list[Any]] = {}
+        self.bare: set[tuple[Peer, int]] = set()  # those parked by a bare_params push
         self.parked_per_peer: Counter[Peer] = Counter()
         self.readers_waiting: set[Peer] = set()
         self.bytes_in = 0
@@ -374,8 +376,8 @@ class ServerCore:
         if self.round_opened is None:
             self.round_opened = now
         replies = []
-        if push.pull_next:
-            self._park(envelope, peer, push.round + 1)  # answered by PARAMS(round + 1)
+        if push.pull_next:  # answered by PARAMS(round + 1)
+            self._park(envelope, peer, push.round + 1, bare=push.bare_params)
         else:
             replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
         closing = self._closing(now)
@@ -397,18 +399,24 @@ class ServerCore:
         if len(self.parked) >= MAX_PARKED:
             raise Refused(ErrorCode.BUSY, f"too many parked PULLs ({MAX_PARKED})")
 
-    def _park(self, envelope: list[Any], peer: Peer, round_: int) -> None:
-        """Answer ``peer`` with PARAMS(round_) once it exists (again: once)."""
+    def _park(self, envelope: list[Any], peer: Peer, round_: int, bare: bool = False) -> None:
+        """Answer ``peer`` with PARAMS(round_) once it exists (again: once; the last
+        request says whether bare)."""
         key = (peer, round_)
         if key not in self.parked:
             self._check_parking_space(peer)
             self.parked_per_peer[peer] += 1
         self.parked[key] = envelope
+        if bare:
+            self.bare.add(key)
+        else:
+            self.bare.discard(key)
 
     def _forget(self, peer: Peer) -> None:
         """Drop what an evicted session left: its parked PULLs, its reader mark."""
         for key in [k for k in self.parked if k[0] == peer]:
             del self.parked[key]
+            self.bare.discard(key)
         self.parked_per_peer.pop(peer, None)
         self.readers_waiting.discard(peer)
 
@@ -433,14 +441,16 @@ class ServerCore:
                          m.round, newly, f"; {held} such lines held back" if held else "")
         if self.state.finished:
             self.finished_at = now
-        envelopes = []
+        envelopes, bare = [], []
         for key in [k for k in self.parked if k[1] == self.state.round]:
-            envelopes.append(self.parked.pop(key))
+            (bare if key in self.bare else envelopes).append(self.parked.pop(key))
+            self.bare.discard(key)
             self.parked_per_peer[key[0]] -= 1
             if not self.parked_per_peer[key[0]]:
                 del self.parked_per_peer[key[0]]
         replies = self._params(envelopes, self.state.round,
                                [st.params for st in self.state.states])
+        replies += self._params(bare, self.state.round, None)
         try:
             self._record(stepped, closing)
         except Exception:
@@ -482,14 +492,17 @@ class ServerCore:
     # -- replies -----------------------------------------------------------------
 
     def _params(self, envelopes: list[list[Any]], round_: int,
-                params: list[np.ndarray]) -> list[Reply]:
+                params: list[np.ndarray] | None) -> list[Reply]:
         """PARAMS(round_) behind each of ``envelopes``: the hosted shards' parameters, sent
-        one after the other. The replies share one header and one list of arrays, so the
-        node encodes and copies them once for all (``Listener.send_all``)."""
+        one after the other (None: bare). The replies share one header and one list of
+        arrays, so the node encodes and copies them once for all (``Listener.send_all``)."""
+        if not envelopes:
+            return []
         if round_ >= self.cfg.rounds:
             self.readers_waiting.difference_update(tuple(bytes(f) for f in e)
                                                    for e in envelopes)
-        header = Params(round=round_, shards=list(self.state.shards), length=self.state.size)
+        header = Params(round=round_, shards=list(self.state.shards), length=self.state.size,
+                        bare=params is None)
         return [Reply(envelope, header, params) for envelope in envelopes]
 
     def status(self) -> StatusReply:

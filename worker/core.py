@@ -111,11 +111,18 @@ class Send:
 class NextRound:
     """Where a worker goes on after a push: round ``round`` from ``params`` (x^round;
     None once ``round`` is past the last one). ``missed``: the pushed round closed
-    without this worker, which caught up."""
+    without this worker, which caught up. ``owed``: the links whose PARAMS came bare
+    (``push(bare_params=True)``): their slices of ``params`` are still to be filled,
+    from another worker's x^round (``borrow``) or pulled (``pull_owed``)."""
 
     round: int
     params: np.ndarray | None
     missed: bool = False
+    owed: tuple[int, ...] = ()
+
+
+# What a reader returns for a bare PARAMS: this link's slices are owed.
+_OWED = "owed"
 
 
 class ServerRefused(PeerError):
@@ -250,21 +257,43 @@ class ClientCore:
         still serves (a worker that starts late, or whose push came after its round
         closed, goes on there)."""
         x = np.empty(self.d, dtype=np.float32)
-        target = round_
+        return self._begin(self._pulls(x, round_), lambda: NextRound(round_, x, missed),
+                           self._skip_ahead(round_, missed), now)
+
+    def borrow(self, at: NextRound, x: np.ndarray) -> NextRound:
+        """``at`` complete: the slices it owes copied from ``x``, x^at.round as another
+        worker of this process received it (the same values: one aggregate per round)."""
+        for server in at.owed:
+            for a, b in self.links[server].slices.spans:  # type: ignore[union-attr]
+                at.params[a:b] = x[a:b]  # type: ignore[index]
+        return NextRound(at.round, at.params, at.missed)
+
+    def pull_owed(self, at: NextRound, now: float) -> list[Send]:
+        """Pull the slices ``at`` owes (no other worker holds x^at.round any more);
+        ``outcome``: ``at`` complete, or, if a server no longer serves that round, the
+        first round every server still serves (caught up)."""
+        steps = {s: self._pull_step(at.params, s, at.round)  # type: ignore[arg-type]
+                 for s in at.owed}
+        return self._begin(steps, lambda: NextRound(at.round, at.params, at.missed),
+                           self._skip_ahead(at.round, missed=True), now)
+
+    def _skip_ahead(self, target: int, missed: bool) -> _OnStale:
+        """A pull of round ``target`` refused as stale: catch up where that server is."""
 
         def skip_ahead(server: int, error: Error, now: float) -> list[Send]:
             if error.round <= target:
                 raise ServerRefused(self.links[server].endpoint, error)
             return self._abandon_but(server) + self.catch_up(error.round, now, missed)
 
-        return self._begin(self._pulls(x, round_), lambda: NextRound(target, x, missed),
-                           skip_ahead, now)
+        return skip_ahead
 
-    def push(self, round_: int, gradient: np.ndarray, now: float) -> list[Send]:
+    def push(self, round_: int, gradient: np.ndarray, now: float,
+             bare_params: bool = False) -> list[Send]:
         """Send each server process the slices of the gradient for ``round_`` of every
         shard it hosts, in one message; ``outcome``: the worker's ``NextRound``. Before
         the last round each server answers with PARAMS of the next round once it exists
-        (``pull_next``); the last round is ACKed."""
+        (``pull_next``), bare with ``bare_params`` (a process of several workers takes
+        x^{round_+1} from one of them: see ``NextRound.owed``); the last round is ACKed."""
         self.sent.record(round_, gradient)
         pull_next = round_ + 1 < self.cfg.rounds
         x = np.empty(self.d, dtype=np.float32) if pull_next else None
@@ -273,11 +302,11 @@ class ClientCore:
             values = self._slices_of(link, gradient)
             length = link.slices.length  # type: ignore[union-attr]
             header = Push(round=round_, worker=self.worker, length=length,
-                          pull_next=pull_next)
+                          pull_next=pull_next, bare_params=pull_next and bare_params)
             step = _Step(encode(header, values), _reader(Ack), idempotent=True,
                          push_round=round_)
             if x is not None:
-                step.read = self._params_into(x, s, round_ + 1)
+                step.read = self._params_into(x, s, round_ + 1, bare=bare_params)
                 # counted already: its reply was lost; PULL the next round instead
                 step.on_repeat = self._pull_step(x, s, round_ + 1)
                 step.on_repeat.repush = reheaded(  # the same values, not encoded again
@@ -292,7 +321,11 @@ class ClientCore:
                 return abandoned
             return abandoned + self.catch_up(error.round, now, missed=True)
 
-        return self._begin(steps, lambda: NextRound(round_ + 1, x), caught_up, now)
+        def next_round() -> NextRound:
+            owed = tuple(sorted(s for s, v in self.results.items() if v is _OWED))
+            return NextRound(round_ + 1, x, owed=owed)
+
+        return self._begin(steps, next_round, caught_up, now)
 
     def abandon(self) -> list[Send]:
         """Give up the exchange (it raised): each server still waiting gets a new
@@ -540,12 +573,13 @@ class ClientCore:
         frames = encode(Pull(round=round_, worker=self.worker))
         return _Step(frames, self._params_into(x, server, round_))
 
-    def _params_into(self, x: np.ndarray, server: int, round_: int) -> Callable[[Message], bool]:
+    def _params_into(self, x: np.ndarray, server: int, round_: int,
+                     bare: bool = False) -> Callable[[Message], object]:
         """A reader that copies link ``server``'s PARAMS(round_) into ``x`` (each span of
-        its shards where it lies)."""
+        its shards where it lies); with ``bare``, a bare PARAMS is taken too (``_OWED``)."""
         link = self.links[server]
 
-        def read(msg: Message) -> bool:
+        def read(msg: Message) -> object:
             h: Params = _expect(msg, Params)  # type: ignore[assignment]
             slices = link.slices
             if (h.round != round_ or h.length != slices.length  # type: ignore[union-attr]
@@ -555,6 +589,11 @@ class ClientCore:
                     f"{format_shard_set(h.shards) or 'none'} with {h.length} values, expected "
                     f"round {round_} of shards {format_shard_set(link.shards)} with "
                     f"{slices.length}")  # type: ignore[union-attr]
+            if h.bare:
+                if not bare:
+                    raise PeerError(f"{link.endpoint} sent a bare PARAMS of round {h.round}, "
+                                    f"which this worker did not ask for")
+                return _OWED
             msg.tensor_into(*self._slices_of(link, x))
             return True
 

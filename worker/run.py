@@ -9,10 +9,13 @@ worker process has: its key and connections (``ClusterClient``), its step state,
 replay window and its ``worker-<i>.jsonl``; they share the dataset and one model, on
 which they compute one after the other. A worker whose exchange is answered computes
 its next round while the others still wait for theirs, honest workers before Byzantine
-ones; all wait on one poll. The run is the same as with a process per worker
-(bit-identical): a process is a deployment choice, as a server process hosting several
-shards is. The process is the unit of
-failure: an error of one worker ends it, and a supervisor restarts all its workers.
+ones; all wait on one poll. x^{t+1} is the same for every worker, so only the first (the
+*lender*) receives its values: the others' pushes ask for bare PARAMS, and each takes
+the values from the lender's reply (``_Member.settle``), or pulls them itself if the
+lender has gone past that round (it missed one at a deadline). The run is the same as
+with a process per worker (bit-identical): a process is a deployment choice, as a server
+process hosting several shards is. The process is the unit of failure: an error of one
+worker ends it, and a supervisor restarts all its workers.
 """
 
 from __future__ import annotations
@@ -46,28 +49,51 @@ class _Member:
     client: ClusterClient
     metrics: JsonlWriter
     at: NextRound | None = None  # where it goes on; None while its push is under way
+    bare: bool = False  # its pushes ask for bare PARAMS (it borrows the lender's values)
     started_at: int = 0  # this process's first round: its momentum began there
-    pushed: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)  # round, loss, times
+    # its push under way: round, loss, times (None: the exchange under way pulls what a
+    # bare PARAMS left out, of the round ``filling``)
+    pushed: tuple[int, float, float, float] | None = None
+    filling: int = 0
 
     def push(self, cfg: RunConfig) -> None:
         """Compute and start pushing its next round, if it has one."""
         at = self.at
-        if at is None or at.round >= cfg.rounds:
+        if at is None or at.owed or at.round >= cfg.rounds:  # (owed: see settle)
             return
         t = at.round
         began = time.perf_counter()
         g, loss = self.step(at.params, t)  # type: ignore[arg-type]
         computed = time.perf_counter()
         # one exchange per server process: the reply to the push is x^{t+1}
-        self.client.begin(lambda now: self.client.core.push(t, g, now))
+        self.client.begin(lambda now: self.client.core.push(t, g, now, self.bare))
         self.at = None
         self.pushed = (t, loss, began, computed)
 
+    def settle(self, lent: NextRound) -> None:
+        """Fill what its bare PARAMS left out from ``lent`` (the lender's latest place),
+        which must be the same round; pull it if the lender has gone past that round."""
+        at = self.at
+        if at is None or not at.owed:
+            return
+        if lent.round == at.round and lent.params is not None:
+            self.at = self.client.core.borrow(at, lent.params)
+        elif lent.round > at.round or lent.params is None:
+            self.client.begin(lambda now: self.client.core.pull_owed(at, now))
+            self.at, self.filling = None, at.round
+        # else the lender's exchange of that round is still under way: wait for it
+
     def answered(self, cfg: RunConfig) -> None:
-        """Its push's exchange is over: go on where it says, and record the round."""
+        """Its exchange is over: go on where it says, and record the round it pushed."""
         at: NextRound = self.client.core.outcome  # type: ignore[assignment]
         self.at = at
+        if self.pushed is None:  # it pulled what it owed; its round was recorded
+            if at.missed:
+                log.warning("worker %d: round %d was gone when it pulled it; caught up at "
+                            "round %d", self.worker, self.filling, at.round)
+            return
         t, loss, began, computed = self.pushed
+        self.pushed = None
         if at.missed:
             if at.round >= cfg.rounds:
                 log.warning("worker %d: the last round closed without it; the run is over",
@@ -119,9 +145,15 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
                   for m in team]
         for m, at in zip(team, exchange_all(starts), strict=True):
             m.at = at  # type: ignore[assignment]
+        lender, borrowers = team[0], team[1:]
+        lent: NextRound = lender.at  # type: ignore[assignment]
+        for m in borrowers:
+            m.bare = True
         freeze_startup_objects()
         while True:
             check_stop()
+            for m in borrowers:
+                m.settle(lent)
             for m in team:
                 m.push(cfg)
             waiting = [m for m in team if m.at is None]
@@ -131,6 +163,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             for m in waiting:
                 if not m.client.busy:
                     m.answered(cfg)
+            if lender.at is not None:
+                lent = lender.at
         log.info("done after %d rounds", cfg.rounds)
     finally:
         for m in team:

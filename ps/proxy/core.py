@@ -5,7 +5,8 @@ message and return what to send on, to the server or back to a worker. The core 
 
 * the corruption of PUSH payloads (and, with ``corrupt_params``, PARAMS replies) by a
   ``ServerCorruptor``: the server process's shards it targets, each by its own
-  ``ShardCorruptor``, the others untouched;
+  ``ShardCorruptor``, the others untouched; with ``corrupt_params`` a push asking for
+  bare PARAMS goes on asking for the values, which are each worker's own to corrupt;
 * the pushes held until their whole round is in, when the attack reads the honest
   vectors (omniscient and the other vector attacks but gaussian);
 * which worker each reply goes to (a PULL or ``pull_next`` push names it), so PARAMS
@@ -36,7 +37,7 @@ import logging
 import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -230,6 +231,9 @@ class ProxyCore:
         envelope, peer = incoming.envelope, incoming.peer
         if push.pull_next:  # the reply will be PARAMS for this worker
             self._route(peer, push.worker)
+        if push.bare_params and self.attack.corrupt_params:
+            # each worker's PARAMS are corrupted on their own: none may borrow another's
+            push = replace(push, bare_params=False)
         if self.corruptor.whole_round:
             held = self.tables.held[push.round]
             held[push.worker] = _HeldPush(envelope, push, np.array(msg.tensor()))
@@ -283,7 +287,7 @@ class ProxyCore:
         self._follow(header.round)
         if header.round == self.cfg.rounds:
             self.last_round_replied = now
-        if not self.attack.corrupt_params:
+        if not self.attack.corrupt_params or header.bare:
             return [Outgoing(False, incoming.frames)]
         worker = self.tables.puller.get(incoming.peer, -1)
         values, changed = self.corruptor.corrupt_params(header.round, worker, msg.tensor())

@@ -23,3 +23,16 @@ def test_floor_runs_every_round_and_cleans_up(curve: bool) -> None:
     # of 10 ms: 80 rounds make it at least 12 of them)
     assert floor.cpu_ms_per_round >= 1.0
     assert mp.active_children() == []
+
+
+def test_floor_runs_workers_in_fewer_processes() -> None:
+    """Three workers in two processes on one server process: the second worker of a
+    process gets bare PARAMS (the header alone) and the rounds still all complete."""
+    floor = measure_floor(workers=3, shards=2, d=1001, curve=True, compute_ms=0.5,
+                          aggregate_ms=0.1, rounds=80, warmup=3, processes=1,
+                          worker_processes=2)
+    assert (floor.processes, floor.worker_processes) == (1, 2)
+    # a process of two workers spins 2 x 0.5 ms a round before its pushes are all out
+    assert 0 < floor.rounds_per_s < 1e3 / 1.1
+    assert floor.cpu_ms_per_round >= 1.0
+    assert mp.active_children() == []

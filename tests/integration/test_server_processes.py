@@ -27,8 +27,10 @@ from worker.options import ClientOptions, EvalOptions
 pytestmark = pytest.mark.integration
 
 
-def _cluster(tmp_path: Path, attack: AttackConfig, processes: int, **cfg_changes):
-    """A keyed cluster of ``processes`` server processes; (cfg, attack, result)."""
+def _cluster(tmp_path: Path, attack: AttackConfig, processes: int, workers: int | None = None,
+             **cfg_changes):
+    """A keyed cluster of ``processes`` server processes (and ``workers`` worker
+    processes; None: the launcher's default); (cfg, attack, result)."""
     settings = {"dataset": "synthetic", "num_workers": 5, "rule": "meamed", "q": 1,
                 "rounds": 12, "seed": 7} | cfg_changes
     cfg = RunConfig(**settings).validate()
@@ -36,7 +38,8 @@ def _cluster(tmp_path: Path, attack: AttackConfig, processes: int, **cfg_changes
     spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=tmp_path / "run",
                        evaluation=EvalOptions(eval_every=6),
                        client=ClientOptions(timeout_s=30, retries=2),
-                       cluster=ClusterOptions(run_timeout_s=240, server_processes=processes))
+                       cluster=ClusterOptions(run_timeout_s=240, server_processes=processes,
+                                              worker_processes=workers))
     return cfg, attack, Cluster(spec).run()
 
 
@@ -69,10 +72,13 @@ def test_a_proxy_corrupts_one_shard_of_its_process_and_passes_the_others(
     attack = AttackConfig.build(proxy_attack="gambler", proxy_shards=(1,), gambler_p=0.01,
                                 corrupt_params=True, worker_attack="alie",
                                 byzantine_workers=(4,))
-    cfg, attack, result = _cluster(tmp_path, attack, 2, num_shards=5)
+    # two worker processes: the workers that borrow x from another's reply get their own
+    # corrupted PARAMS all the same (the proxy asks the values for each)
+    cfg, attack, result = _cluster(tmp_path, attack, 2, workers=2, num_shards=5)
     out = tmp_path / "run"
     assert _started(out, "server") == ["server-0", "server-3"]
     assert _started(out, "proxy") == ["proxy-0"]  # in front of shards 0-2
+    assert _started(out, "worker") == ["worker-0", "worker-3"]
     tallies = read_jsonl(out / "proxy-0.jsonl")
     pushed = [x for x in tallies if "corrupted_values" in x]
     assert len(pushed) == 12 and all(x["corrupted_values"] > 0 for x in pushed)

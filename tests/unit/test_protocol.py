@@ -130,6 +130,27 @@ MALFORMED = {
         b"\x00" * (CHUNK_BYTES + 4),
     ],
     "tensor on a pull": [_header(v=PROTOCOL_VERSION, op=int(Op.PULL), round=0, worker=0), b"x"],
+    "frames after a bare params": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PARAMS), round=1, shards=[0], length=1, bare=True),
+        b"\x00" * 4,
+    ],
+    "bare params of no values": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PARAMS), round=1, shards=[0], length=0, bare=True),
+    ],
+    "bare params of too many values": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PARAMS), round=1, shards=[0], length=1 << 40,
+                bare=True),
+    ],
+    "bare not a bool": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PARAMS), round=1, shards=[0], length=1, bare=1),
+        b"\x00" * 4,
+    ],
+    "bare_params not a bool": [
+        _header(v=PROTOCOL_VERSION, op=int(Op.PUSH), round=0, worker=0, length=1,
+                pull_next=True, bare_params=1),
+        b"\x00" * 4,
+    ],
+    "version 2 (before bare params)": [_header(v=2, op=int(Op.PULL), round=0, worker=0)],
     "oversize header": [b"\x00" * (MAX_HEADER_BYTES + 1)],
     "list of strings for pushes": [
         _header(v=PROTOCOL_VERSION, op=int(Op.STATUS_REPLY), shards=[0], round=0, rounds=1,
@@ -220,3 +241,54 @@ def test_a_reheaded_push_shares_the_payload_and_refuses_another_length() -> None
     np.testing.assert_array_equal(message.tensor(), values)
     with pytest.raises(ValueError, match="cannot take a payload of 40 bytes"):
         reheaded(frames, Push(round=3, worker=1, length=11))
+
+
+# -- bare PARAMS ---------------------------------------------------------------------
+
+
+def test_a_push_asking_for_bare_params_round_trips() -> None:
+    values = np.arange(3, dtype=np.float32)
+    header = Push(round=4, worker=2, length=3, pull_next=True, bare_params=True)
+    message = decode(_bytes(encode(header, values)))
+    assert message.header == header and message.header.bare_params
+    np.testing.assert_array_equal(message.tensor(), values)
+    plain = decode(_bytes(encode(Push(round=4, worker=2, length=3), values))).header
+    assert not plain.bare_params and not plain.pull_next  # the defaults
+
+
+def test_a_bare_params_is_its_header_alone_and_still_states_the_length() -> None:
+    header = Params(round=3, shards=[1, 2], length=20, bare=True)
+    frames = encode(header)
+    assert len(frames) == 1
+    message = decode(_bytes(frames))
+    assert message.header == header and message.header.length == 20
+    assert message.chunks == ()
+    full = decode(_bytes(encode(Params(round=3, shards=[0], length=1),
+                                np.ones(1, dtype=np.float32)))).header
+    assert not full.bare  # the default
+
+
+def test_encode_refuses_a_tensor_for_a_bare_params() -> None:
+    with pytest.raises(ValueError, match="a bare PARAMS carries no tensor"):
+        encode(Params(round=3, shards=[0], length=2, bare=True), np.zeros(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="PARAMS needs a tensor"):
+        encode(Params(round=3, shards=[0], length=2))  # a full one still needs it
+
+
+def test_decode_refuses_extra_frames_after_a_bare_params() -> None:
+    frames = [_header(v=PROTOCOL_VERSION, op=int(Op.PARAMS), round=3, shards=[0], length=2,
+                      bare=True), b"\x00" * 8]
+    with pytest.raises(ProtocolError, match="a bare PARAMS carries no tensor but 1 extra"):
+        decode(frames)
+
+
+def test_the_tensor_of_a_bare_params_is_a_value_error() -> None:
+    message = decode(_bytes(encode(Params(round=3, shards=[0], length=2, bare=True))))
+    with pytest.raises(ValueError, match="a bare PARAMS carries no values"):
+        message.tensor()
+
+
+def test_a_bare_params_header_cannot_take_a_payload() -> None:
+    frames = encode(Params(round=3, shards=[0], length=2), np.zeros(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot take a payload of 8 bytes"):
+        reheaded(frames, Params(round=3, shards=[0], length=2, bare=True))

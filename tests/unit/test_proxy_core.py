@@ -106,9 +106,10 @@ def grad(worker: int, round_: int = 0) -> np.ndarray:
 
 
 def push(worker: int, round_: int = 0, pull_next: bool = False, *, length: int = LENGTH,
-         identity: Identity | None = None) -> Incoming:
+         identity: Identity | None = None, bare_params: bool = False) -> Incoming:
     """Worker ``worker``'s push (``length`` values: other than LENGTH, the wrong size)."""
-    header = Push(round=round_, worker=worker, length=length, pull_next=pull_next)
+    header = Push(round=round_, worker=worker, length=length, pull_next=pull_next,
+                  bare_params=bare_params)
     return incoming(env(worker), header, np.resize(grad(worker, round_), length), identity)
 
 
@@ -380,6 +381,70 @@ def test_params_are_relayed_byte_identical_without_corrupt_params(given: dict[st
     (out,) = core.from_server(reply)
     assert not out.to_server
     assert as_bytes(out.frames) == as_bytes(reply.frames)
+
+
+# --------------------------------------------------------------------------- bare PARAMS
+
+
+def bare_push(worker: int, round_: int = 0) -> Incoming:
+    return push(worker, round_, pull_next=True, bare_params=True)
+
+
+def bare_params_reply(envelope: list[bytes], round_: int) -> Incoming:
+    return incoming(envelope, Params(round=round_, shards=[1], length=LENGTH, bare=True))
+
+
+@pytest.mark.parametrize("given", [GAMBLER, BITFLIP], ids=["gambler", "bitflip"])
+def test_with_corrupt_params_a_bare_push_goes_on_asking_for_the_values(
+    given: dict[str, Any],
+) -> None:
+    core = make_core(attack(corrupt_params=True, **given))
+    out = forward_all(core, [bare_push(w) for w in range(N)])
+    assert len(out) == N and all(o.to_server for o in out)
+    for o in out:
+        envelope, header, _ = sent(o)
+        assert header == Push(round=0, worker=header.worker, length=LENGTH, pull_next=True)
+        assert not header.bare_params and envelope == env(header.worker)
+
+
+@pytest.mark.parametrize("given", [GAMBLER, OMNISCIENT], ids=["gambler", "omniscient"])
+def test_without_corrupt_params_a_bare_push_still_asks_for_a_bare_reply(
+    given: dict[str, Any],
+) -> None:
+    a = attack(**given)
+    core = make_core(a)
+    out = forward_all(core, [bare_push(w) for w in range(N)])
+    assert len(out) == N
+    assert all(sent(o)[1].bare_params for o in out)  # type: ignore[union-attr]
+    plain = make_core(a)
+    forwarded = forward_all(plain, [push(w, pull_next=True) for w in range(N)])
+    for got, expected in zip(out, forwarded, strict=True):  # corrupted all the same
+        np.testing.assert_array_equal(bits(sent(got)[2]), bits(sent(expected)[2]))
+
+
+def test_a_bare_push_is_corrupted_and_routed_like_any_other() -> None:
+    a = attack(corrupt_params=True, **GAMBLER)
+    core, ref = make_core(a), reference(a)
+    (out,) = core.from_worker(bare_push(2))
+    expected, changed = ref.corrupt_push(0, 2, grad(2))
+    assert changed > 0
+    np.testing.assert_array_equal(bits(sent(out)[2]), bits(expected))
+    (back,) = core.from_server(params_reply(env(2), 1))  # the values it asked for instead
+    np.testing.assert_array_equal(bits(sent(back)[2]),
+                                  bits(ref.corrupt_params(1, 2, params_values(1))[0]))
+
+
+@pytest.mark.parametrize("corrupt_params", [True, False])
+def test_a_bare_params_reply_is_relayed_as_it_is(corrupt_params: bool, tmp_path) -> None:
+    metrics = JsonlWriter(tmp_path / "p.jsonl")
+    core = make_core(attack(corrupt_params=corrupt_params, **GAMBLER), metrics)
+    core.from_worker(bare_push(1))
+    reply = bare_params_reply(env(1), 1)
+    (out,) = core.from_server(reply)
+    assert not out.to_server and as_bytes(out.frames) == as_bytes(reply.frames)
+    assert core.round == 1  # it still tells the server's round
+    metrics.close()
+    assert not any("params_corrupted" in line for line in read_jsonl(tmp_path / "p.jsonl"))
 
 
 # --------------------------------------------------------------------------- relaying

@@ -94,12 +94,13 @@ def grad(worker: int, round_: int = 0) -> np.ndarray:
 
 def push(core: ServerCore, worker: int, round_: int | None = None,
          values: np.ndarray | None = None, pull_next: bool = False,
-         now: float = 0.0, session: bool = True) -> list[Reply]:
+         now: float = 0.0, session: bool = True, bare_params: bool = False) -> list[Reply]:
     """Worker ``worker`` pushes its shard for ``round_`` (default: the current round),
     after its HELLO unless ``session`` is False."""
     round_ = core.state.round if round_ is None else round_
     values = grad(worker, round_) if values is None else values
-    header = Push(round=round_, worker=worker, length=values.size, pull_next=pull_next)
+    header = Push(round=round_, worker=worker, length=values.size, pull_next=pull_next,
+                  bare_params=bare_params)
     if session:
         greet(core, _worker_peer(worker), "worker", worker)
     return core.handle(message(header, values, _worker_peer(worker)), now)
@@ -428,6 +429,113 @@ def test_pull_next_push_of_a_peer_already_waiting_for_two_rounds_is_busy() -> No
     assert pull(core, 3, peer=peer, worker=0) == []
     assert_error(push(core, 0, pull_next=True), ErrorCode.BUSY, 0, peer)
     assert core.status().pushes == []  # not stored
+
+
+# -- bare PARAMS ---------------------------------------------------------------------
+
+BARE = Params(round=1, shards=[0], length=5, bare=True)
+
+
+def _parked_key(worker: int, round_: int) -> tuple[tuple[bytes, ...], int]:
+    return ((_worker_peer(worker),), round_)
+
+
+def test_a_bare_params_push_parks_marked_bare() -> None:
+    core = make_core()
+    assert push(core, 1, pull_next=True, bare_params=True) == []
+    assert push(core, 2, pull_next=True) == []
+    assert set(core.parked) == {_parked_key(1, 1), _parked_key(2, 1)}
+    assert core.bare == {_parked_key(1, 1)}
+
+
+def test_at_round_close_bare_pushes_share_one_bare_header_and_the_others_get_the_values(
+) -> None:
+    core = make_core()
+    assert push(core, 0, pull_next=True) == []
+    assert push(core, 1, pull_next=True, bare_params=True) == []
+    replies = push(core, 2, pull_next=True, bare_params=True)
+    by_peer = {r.envelope[0]: r for r in replies}
+    assert sorted(by_peer) == [_worker_peer(w) for w in range(3)] and len(replies) == 3
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(by_peer[_worker_peer(0)], 1, expected, _worker_peer(0))
+    bare = [by_peer[_worker_peer(w)] for w in (1, 2)]
+    assert all(r.header == BARE and r.tensor is None for r in bare)
+    assert bare[0].header is bare[1].header  # one header for all
+    assert core.parked == {} and core.bare == set() and not core.parked_per_peer
+
+
+def test_bare_params_without_pull_next_is_just_acked() -> None:
+    core = make_core()
+    assert only(push(core, 1, bare_params=True)).header == Ack(round=0, worker=1)
+    assert core.parked == {} and core.bare == set()
+
+
+def test_a_pull_of_a_round_parked_bare_replaces_it_with_a_full_reply() -> None:
+    core = make_core()
+    assert push(core, 1, pull_next=True, bare_params=True) == []
+    assert pull(core, 1, peer=_worker_peer(1), worker=1) == []
+    assert len(core.parked) == 1 and core.bare == set()
+    assert core.counters == {"repeated-pull": 1}
+    push(core, 0)
+    replies = push(core, 2)
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(only(replies[1:]), 1, expected, _worker_peer(1))
+
+
+def test_a_bare_push_after_a_pull_of_the_same_round_makes_the_park_bare() -> None:
+    """The last request for a (peer, round) says whether its reply is bare."""
+    core = make_core()
+    assert pull(core, 1, peer=_worker_peer(1), worker=1) == []
+    assert push(core, 1, pull_next=True, bare_params=True, session=False) == []
+    assert len(core.parked) == 1 and core.bare == {_parked_key(1, 1)}
+    push(core, 0)
+    reply = only(push(core, 2)[1:])
+    assert reply.envelope == [_worker_peer(1)]
+    assert reply.header == BARE and reply.tensor is None
+
+
+def test_a_repeated_bare_push_of_an_open_round_makes_its_park_full() -> None:
+    core = make_core()
+    assert push(core, 0, pull_next=True, bare_params=True) == []
+    assert push(core, 0, pull_next=True, bare_params=True) == []  # counted already
+    assert len(core.parked) == 1 and core.bare == set()
+    assert core.counters == {REPEATED_PUSH: 1}
+    push(core, 1)
+    replies = push(core, 2)
+    expected = expected_after(SHARD, [grad(w) for w in range(3)])
+    assert_params(only(replies[1:]), 1, expected, _worker_peer(0))
+
+
+def test_a_repeated_bare_push_of_a_closed_round_is_answered_with_the_values() -> None:
+    core = make_core()
+    run_rounds(core, 1)
+    after_0 = core.state.states[0].params.copy()
+    replies = push(core, 1, round_=0, pull_next=True, bare_params=True)
+    assert_params(only(replies), 1, after_0, _worker_peer(1))
+    assert core.counters == {REPEATED_PUSH: 1} and core.bare == set()
+
+
+def test_an_evicted_sessions_bare_park_is_forgotten_with_its_mark() -> None:
+    core = make_core()
+    assert push(core, 1, pull_next=True, bare_params=True) == []
+    for i in range(MAX_SESSIONS_PER_PRINCIPAL):
+        greet(core, b"impostor-%d" % i, "worker", 1)
+    assert (_worker_peer(1),) not in core.sessions
+    assert core.parked == {} and core.bare == set() and not core.parked_per_peer
+
+
+def test_a_round_closed_at_its_deadline_answers_bare_parks_bare() -> None:
+    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    for w in range(4):
+        assert push(core, w, pull_next=True, bare_params=w > 0, now=0.0) == []
+    replies = core.tick(1.0)
+    by_peer = {r.envelope[0]: r for r in replies}
+    assert sorted(by_peer) == [_worker_peer(w) for w in range(4)] and len(replies) == 4
+    assert by_peer[_worker_peer(0)].tensor is not None
+    assert not by_peer[_worker_peer(0)].header.bare  # type: ignore[union-attr]
+    assert all(by_peer[_worker_peer(w)].header == BARE for w in (1, 2, 3))
+    assert all(by_peer[_worker_peer(w)].tensor is None for w in (1, 2, 3))
+    assert core.bare == set()
 
 
 # -- PULL ----------------------------------------------------------------------------

@@ -72,6 +72,13 @@ def params(shard: int, round_: int) -> Message:
                  x_of(round_)[start:stop])
 
 
+def bare(shard: int, round_: int, **changes: object) -> Message:
+    """A bare PARAMS(round_) of ``shard`` (``changes``: to its header's fields)."""
+    start, stop = RANGES[shard]
+    fields = {"round": round_, "shards": [shard], "length": stop - start, **changes}
+    return reply(Params(**fields, bare=True))  # type: ignore[arg-type]
+
+
 def error(code: ErrorCode, round_: int = 0) -> Message:
     return reply(Error(code=code.value, message="no", round=round_))
 
@@ -192,6 +199,182 @@ def test_a_malformed_reply_is_a_peer_error_naming_the_endpoint() -> None:
     core.pull(1, 1.0)
     with pytest.raises(PeerError, match="tcp://s1:1 sent a malformed reply: bad"):
         core.handle(1, ProtocolError("bad"), 1.0)
+
+
+# --------------------------------------------------------------------------- bare PARAMS
+
+
+def test_a_bare_params_push_asks_every_server_for_a_bare_reply() -> None:
+    core = make_core()
+    sends = core.push(2, gradient(2), 1.0, bare_params=True)
+    assert [pushed(send)[0] for send in sends] == [
+        Push(round=2, worker=WORKER, length=5, pull_next=True, bare_params=True)] * 2
+
+
+def test_a_push_asks_for_the_values_by_default() -> None:
+    core = make_core()
+    assert not any(pushed(send)[0].bare_params for send in core.push(2, gradient(2), 1.0))
+
+
+def test_the_last_round_push_never_asks_for_bare_params() -> None:
+    core = make_core()
+    last = CFG.rounds - 1
+    sends = core.push(last, gradient(last), 1.0, bare_params=True)
+    assert [pushed(send)[0] for send in sends] == [
+        Push(round=last, worker=WORKER, length=5)] * 2
+    for s in (0, 1):
+        core.handle(s, reply(Ack(round=last, worker=WORKER)), 1.0)
+    assert core.outcome == NextRound(CFG.rounds, None)
+
+
+def test_bare_replies_to_a_bare_push_leave_their_links_owed() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 1.0, bare_params=True)
+    core.handle(1, bare(1, 3), 1.5)
+    core.handle(0, params(0, 3), 1.5)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound)
+    assert (outcome.round, outcome.missed, outcome.owed) == (3, False, (1,))
+    np.testing.assert_array_equal(outcome.params[:5], x_of(3)[:5])  # type: ignore[index]
+
+
+def test_all_bare_replies_owe_every_link_in_order() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 1.0, bare_params=True)
+    core.handle(1, bare(1, 3), 1.5)
+    core.handle(0, bare(0, 3), 1.5)
+    assert core.outcome.owed == (0, 1)  # type: ignore[attr-defined]
+
+
+def test_full_replies_to_a_bare_push_owe_nothing() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 1.0, bare_params=True)
+    core.handle(0, params(0, 3), 1.5)
+    core.handle(1, params(1, 3), 1.5)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound) and (outcome.round, outcome.owed) == (3, ())
+    np.testing.assert_array_equal(outcome.params, x_of(3))
+
+
+@pytest.mark.parametrize(("changes", "what"), [
+    ({"round": 4}, "sent round 4 of shards 1 with 5 values"),
+    ({"length": 4}, "sent round 3 of shards 1 with 4 values"),
+    ({"shards": [0]}, "sent round 3 of shards 0 with 5 values"),
+], ids=["round", "length", "shards"])
+def test_a_bare_reply_is_checked_like_a_full_one(changes: dict, what: str) -> None:
+    core = make_core()
+    core.push(2, gradient(2), 1.0, bare_params=True)
+    with pytest.raises(PeerError, match=what):
+        core.handle(1, bare(1, 3, **changes), 1.5)
+
+
+def test_a_bare_reply_to_a_push_that_did_not_ask_is_a_peer_error() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 1.0)
+    with pytest.raises(PeerError, match="s1:1 sent a bare PARAMS of round 3, which this "
+                       "worker did not ask for"):
+        core.handle(1, bare(1, 3), 1.5)
+
+
+@pytest.mark.parametrize("start", ["pull", "catch_up"])
+def test_a_bare_reply_to_a_pull_is_a_peer_error(start: str) -> None:
+    core = make_core()
+    getattr(core, start)(3, 1.0)
+    with pytest.raises(PeerError, match="did not ask for"):
+        core.handle(0, bare(0, 3), 1.5)
+
+
+def test_a_resent_bare_push_counted_already_pulls_the_values() -> None:
+    """Its reply was lost: the PULL that follows asks for the values, and a bare
+    answer to it is a peer error."""
+    core = make_core()
+    core.push(2, gradient(2), 0.0, bare_params=True)
+    core.handle(1, bare(1, 3), 1.0)
+    core.tick(TIMEOUT)  # shard 0 resent
+    assert sent(core.handle(0, error(ErrorCode.DUPLICATE, 2), TIMEOUT + 1)) == [
+        (0, False, Pull(round=3, worker=WORKER))]
+    core.handle(0, params(0, 3), TIMEOUT + 2)
+    assert core.outcome.owed == (1,)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(core.outcome.params[:5], x_of(3)[:5])  # type: ignore[attr-defined]
+    again = make_core()
+    again.push(2, gradient(2), 0.0, bare_params=True)
+    again.tick(TIMEOUT)
+    again.handle(0, error(ErrorCode.DUPLICATE, 2), TIMEOUT + 1)
+    with pytest.raises(PeerError, match="did not ask for"):
+        again.handle(0, bare(0, 3), TIMEOUT + 2)
+
+
+def test_a_bare_push_that_catches_up_owes_nothing() -> None:
+    core = make_core()
+    core.push(2, gradient(2), 0.0, bare_params=True)
+    core.handle(0, bare(0, 3), 1.0)
+    sends = core.handle(1, error(ErrorCode.STALE_ROUND, 4), 1.0)
+    assert [h for _, _, h in sent(sends)] == [Pull(round=4, worker=WORKER)] * 2
+    core.handle(0, params(0, 4), 2.0)
+    core.handle(1, params(1, 4), 2.0)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound)
+    assert (outcome.round, outcome.missed, outcome.owed) == (4, True, ())
+    np.testing.assert_array_equal(outcome.params, x_of(4))
+
+
+def owing(round_: int, owed: tuple[int, ...], missed: bool = False) -> NextRound:
+    """Where a worker stands after bare replies from ``owed``: the other links' spans of
+    x^round_ filled, the owed ones holding garbage."""
+    x = np.full(D, np.nan, dtype=np.float32)
+    for s in set(range(len(RANGES))) - set(owed):
+        x[slice(*RANGES[s])] = x_of(round_)[slice(*RANGES[s])]
+    return NextRound(round_, x, missed, owed)
+
+
+def test_borrow_copies_only_the_owed_spans() -> None:
+    core = make_core()
+    at = owing(3, (1,), missed=True)
+    lent = x_of(3).copy()
+    lent[:5] = -1.0  # not the owed span: left alone
+    done = core.borrow(at, lent)
+    assert (done.round, done.missed, done.owed) == (3, True, ())
+    np.testing.assert_array_equal(done.params, x_of(3))
+
+
+def test_borrow_of_every_link_copies_the_whole_vector() -> None:
+    core = make_core()
+    done = core.borrow(owing(3, (0, 1)), x_of(3))
+    assert done.owed == ()
+    np.testing.assert_array_equal(done.params, x_of(3))
+
+
+def test_pull_owed_pulls_only_the_owed_links_and_completes_the_round() -> None:
+    core = make_core()
+    at = owing(3, (1,))
+    assert sent(core.pull_owed(at, 1.0)) == [(1, False, Pull(round=3, worker=WORKER))]
+    assert core.pending == {1}
+    core.handle(1, params(1, 3), 1.5)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound)
+    assert (outcome.round, outcome.missed, outcome.owed) == (3, False, ())
+    np.testing.assert_array_equal(outcome.params, x_of(3))
+
+
+def test_pull_owed_refused_as_stale_catches_up_where_the_server_is() -> None:
+    core = make_core()
+    core.pull_owed(owing(3, (1,)), 1.0)
+    sends = core.handle(1, error(ErrorCode.STALE_ROUND, 5), 1.5)
+    assert sent(sends) == [(0, False, Pull(round=5, worker=WORKER)),
+                           (1, False, Pull(round=5, worker=WORKER))]
+    core.handle(0, params(0, 5), 2.0)
+    core.handle(1, params(1, 5), 2.0)
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound)
+    assert (outcome.round, outcome.missed, outcome.owed) == (5, True, ())
+    np.testing.assert_array_equal(outcome.params, x_of(5))
+
+
+def test_pull_owed_refused_as_stale_at_its_own_round_is_a_refusal() -> None:
+    core = make_core()
+    core.pull_owed(owing(3, (0, 1)), 1.0)
+    with pytest.raises(ServerRefused, match="stale-round"):
+        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.5)
 
 
 # --------------------------------------------------------------------------- timeouts

@@ -1,0 +1,181 @@
+"""A worker process's members (``worker/run.py``): how a worker whose PARAMS came bare
+settles (borrows the lender's x, pulls, or waits), without sockets.
+
+Each member has a real ``ClientCore`` behind a stand-in client that starts an exchange
+at once and keeps what it sent. Two shards: shard 0 holds x[0:5], shard 1 x[5:10].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.metrics import JsonlWriter, read_jsonl
+from common.protocol import Params, Pull, Push, Welcome, decode, encode
+from worker.core import ClientCore, NextRound, Send
+from worker.run import _Member
+
+CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0,
+                rounds=6).validate()
+ENDPOINTS = ["tcp://s0:1", "tcp://s1:1"]
+RANGES = [(0, 5), (5, 10)]
+D = 10
+WORKER = 1
+
+
+def x_of(round_: int) -> np.ndarray:
+    """The parameters the servers hold at ``round_`` (made up, distinct per round)."""
+    return np.arange(D, dtype=np.float32) + np.float32(100 * round_)
+
+
+class FakeClient:
+    """The part of ``ClusterClient`` a member uses: its core, and ``begin``."""
+
+    def __init__(self) -> None:
+        self.core = ClientCore(CFG, "worker", WORKER, ENDPOINTS)
+        self.core.hello(0.0)
+        for s, (start, stop) in enumerate(RANGES):
+            welcome = Welcome(shards=[s], num_shards=2, d=D, length=stop - start, round=0,
+                              rounds=CFG.rounds)
+            self.core.handle(s, decode(encode(welcome)), 0.0)
+        assert not self.core.pending
+        self.sends: list[list[Send]] = []  # what each exchange begun sent first
+
+    def begin(self, start: Callable[[float], list[Send]]) -> None:
+        self.sends.append(start(1.0))
+
+    def headers(self) -> list[tuple[int, object]]:
+        """(link, header) of what the one exchange begun sent."""
+        [sends] = self.sends
+        return [(s.link, decode(s.frames).header) for s in sends]
+
+
+class Step:
+    """A worker's step: records the rounds it computed."""
+
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+
+    def __call__(self, x: np.ndarray, round_: int) -> tuple[np.ndarray, float]:
+        self.rounds.append(round_)
+        return np.full(D, round_ + 0.5, dtype=np.float32), 1.0
+
+
+def member(at: NextRound | None, bare: bool = True) -> _Member:
+    return _Member(WORKER, Step(), FakeClient(), JsonlWriter(None),  # type: ignore[arg-type]
+                   at=at, bare=bare)
+
+
+def owing(round_: int, owed: tuple[int, ...] = (1,)) -> NextRound:
+    """After bare replies from ``owed``: the other links' spans of x^round_ filled."""
+    x = np.full(D, np.nan, dtype=np.float32)
+    for s in set(range(len(RANGES))) - set(owed):
+        x[slice(*RANGES[s])] = x_of(round_)[slice(*RANGES[s])]
+    return NextRound(round_, x, owed=owed)
+
+
+def test_a_member_owing_nothing_does_not_settle() -> None:
+    at = NextRound(3, x_of(3))
+    m = member(at)
+    m.settle(NextRound(4, x_of(4)))
+    assert m.at is at and m.client.sends == []  # type: ignore[attr-defined]
+
+
+def test_a_member_whose_push_is_under_way_does_not_settle() -> None:
+    m = member(None)
+    m.settle(NextRound(4, x_of(4)))
+    assert m.at is None and m.client.sends == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("owed", [(1,), (0,), (0, 1)])
+def test_a_member_borrows_what_it_owes_from_the_lenders_same_round(
+    owed: tuple[int, ...],
+) -> None:
+    m = member(owing(3, owed))
+    m.settle(NextRound(3, x_of(3)))
+    at = m.at
+    assert at is not None and (at.round, at.missed, at.owed) == (3, False, ())
+    np.testing.assert_array_equal(at.params, x_of(3))
+    assert m.client.sends == []  # type: ignore[attr-defined]
+
+
+def test_a_member_pulls_what_it_owes_once_the_lender_is_past_that_round() -> None:
+    m = member(owing(3))
+    client: FakeClient = m.client  # type: ignore[assignment]
+    m.settle(NextRound(5, x_of(5), missed=True))  # the lender missed a round, caught up
+    assert m.at is None
+    assert client.headers() == [(1, Pull(round=3, worker=WORKER))]
+    start, stop = RANGES[1]
+    values = x_of(3)[start:stop]
+    client.core.handle(1, decode(encode(Params(round=3, shards=[1], length=5), values)), 2.0)
+    outcome = client.core.outcome
+    assert isinstance(outcome, NextRound) and (outcome.round, outcome.owed) == (3, ())
+    np.testing.assert_array_equal(outcome.params, x_of(3))
+
+
+@pytest.mark.parametrize("lent", [NextRound(CFG.rounds, None, missed=True),
+                                  NextRound(3, None)], ids=["finished", "no-params"])
+def test_a_member_pulls_what_it_owes_when_the_lender_holds_no_params(lent: NextRound) -> None:
+    m = member(owing(3, (0, 1)))
+    client: FakeClient = m.client  # type: ignore[assignment]
+    m.settle(lent)
+    assert m.at is None
+    assert client.headers() == [(0, Pull(round=3, worker=WORKER)),
+                                (1, Pull(round=3, worker=WORKER))]
+
+
+def test_a_member_waits_while_the_lenders_exchange_of_that_round_is_under_way() -> None:
+    at = owing(3)
+    m = member(at)
+    m.settle(NextRound(2, x_of(2)))  # the lender's place before its push of round 2
+    assert m.at is at and m.client.sends == []  # type: ignore[attr-defined]
+    m.settle(NextRound(3, x_of(3)))  # its reply came
+    assert m.at is not None and m.at.owed == ()
+
+
+def test_a_member_that_owes_does_not_push() -> None:
+    at = owing(3)
+    m = member(at)
+    m.push(CFG)
+    assert m.at is at and m.client.sends == [] and m.step.rounds == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bare", [True, False])
+def test_a_member_pushes_asking_for_bare_params_as_it_is_told(bare: bool) -> None:
+    m = member(NextRound(3, x_of(3)), bare=bare)
+    m.push(CFG)
+    assert m.at is None and m.step.rounds == [3]  # type: ignore[attr-defined]
+    headers = m.client.headers()  # type: ignore[attr-defined]
+    assert [h for _, h in headers] == [
+        Push(round=3, worker=WORKER, length=5, pull_next=True, bare_params=bare)] * 2
+
+
+def test_a_member_that_borrowed_pushes_its_round() -> None:
+    m = member(owing(3))
+    m.settle(NextRound(3, x_of(3)))
+    m.push(CFG)
+    assert m.at is None and m.step.rounds == [3]  # type: ignore[attr-defined]
+
+
+def test_a_member_that_pulls_what_it_owes_records_its_pushed_round_once(tmp_path) -> None:
+    """The pushed round's metrics line is written when its push is answered, not again
+    when the pull of what a bare reply left out ends."""
+    path = tmp_path / "worker-1.jsonl"
+    m = _Member(WORKER, Step(), FakeClient(), JsonlWriter(path),  # type: ignore[arg-type]
+                at=NextRound(2, x_of(2)), bare=True)
+    core = m.client.core
+    m.push(CFG)
+    core.handle(0, decode(encode(Params(round=3, shards=[0], length=5), x_of(3)[:5])), 2.0)
+    core.handle(1, decode(encode(Params(round=3, shards=[1], length=5, bare=True))), 2.0)
+    m.answered(CFG)
+    assert m.at is not None and m.at.owed == (1,)
+    m.settle(NextRound(4, x_of(4), missed=True))  # the lender is past round 3: pull
+    core.handle(1, decode(encode(Params(round=3, shards=[1], length=5), x_of(3)[5:])), 3.0)
+    m.answered(CFG)
+    m.metrics.close()
+    assert [r["round"] for r in read_jsonl(path)] == [2]
+    assert m.at is not None and (m.at.round, m.at.owed, m.at.missed) == (3, (), False)
+    np.testing.assert_array_equal(m.at.params, x_of(3))
