@@ -142,9 +142,11 @@ class SentPushes:
         self._rounds: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def record(self, round_: int, gradient: np.ndarray) -> None:
+        """Keep ``gradient`` (not a copy: a pushed gradient is never modified, its frames
+        are sent without a copy)."""
         if self.window <= 0:
             return
-        self._rounds[round_] = np.array(gradient, copy=True)
+        self._rounds[round_] = gradient
         while len(self._rounds) > self.window:
             self._rounds.popitem(last=False)
 
@@ -262,7 +264,10 @@ class ClientCore:
 
     def borrow(self, at: NextRound, x: np.ndarray) -> NextRound:
         """``at`` complete: the slices it owes copied from ``x``, x^at.round as another
-        worker of this process received it (the same values: one aggregate per round)."""
+        worker of this process received it (the same values: one aggregate per round);
+        ``x`` itself if every link is owed (parameters are never modified in place)."""
+        if len(at.owed) == len(self.links):
+            return NextRound(at.round, x, at.missed)
         for server in at.owed:
             for a, b in self.links[server].slices.spans:  # type: ignore[union-attr]
                 at.params[a:b] = x[a:b]  # type: ignore[index]
@@ -293,7 +298,8 @@ class ClientCore:
         shard it hosts, in one message; ``outcome``: the worker's ``NextRound``. Before
         the last round each server answers with PARAMS of the next round once it exists
         (``pull_next``), bare with ``bare_params`` (a process of several workers takes
-        x^{round_+1} from one of them: see ``NextRound.owed``); the last round is ACKed."""
+        x^{round_+1} from one of them: see ``NextRound.owed``); the last round is ACKed.
+        ``gradient`` must not change afterwards: it is sent, and kept to replay, as it is."""
         self.sent.record(round_, gradient)
         pull_next = round_ + 1 < self.cfg.rounds
         x = np.empty(self.d, dtype=np.float32) if pull_next else None
