@@ -183,14 +183,23 @@ class ClusterClient:
 
     def _take(self, ready: dict[zmq.Socket, int], now: float) -> None:
         """Hand the core the replies among ``ready``, or its monitors' events if none of
-        its links had one; then the time."""
+        its links had one; then the time.
+
+        A reply that came after the poll but before its connection closed (a server
+        that answers and exits) is read before the event is handed on: dropped with a
+        request in flight, the link would be reopened and that reply lost."""
         core = self.core
-        if not any(self.links[s].socket in ready for s in core.pending):
+        readable = {self.links[s].socket for s in core.pending} & ready.keys()
+        if not readable:
             for s in sorted(core.pending):
-                core.connection(s, self.links[s].events(), now)
+                link = self.links[s]
+                events = link.events()
+                if events and link.socket.poll(0):  # ZeroMQ queued it before the event
+                    readable.add(link.socket)
+                core.connection(s, events, now)
         for s, link in enumerate(self.links):
             # (a reply may have reopened another shard's link: its old socket is gone)
-            if link.socket in ready and s in core.pending:
+            if link.socket in readable and s in core.pending:
                 self._apply(core.handle(s, link.receive(), now))
         self._apply(core.tick(now))
 

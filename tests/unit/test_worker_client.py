@@ -1,17 +1,23 @@
 """Room for a worker process's links: ZeroMQ's socket cap and the open-file limit are
 raised before a process of many workers opens its connections (100 workers x 20 server
 processes are 2,000 links: past the default cap of 1,023 sockets), and a hard limit too
-low for them is a configuration error naming the remedy."""
+low for them is a configuration error naming the remedy. And a reply that came just
+before its connection closed is read, not lost."""
 
 from __future__ import annotations
 
 import resource
+import time
 
+import numpy as np
 import pytest
 import zmq
 
+from common.config import RunConfig
 from common.errors import ConfigError
+from common.protocol import Params, Pull, Welcome, decode, encode, join_envelope, split_envelope
 from worker import client
+from worker.core import RetryPolicy
 
 
 def test_the_socket_cap_and_the_open_file_limit_are_raised_for_many_links(
@@ -36,3 +42,47 @@ def test_a_hard_limit_too_low_is_a_configuration_error(monkeypatch) -> None:
                        r"and this process may open 4096 \(ulimit -n\): run the workers in "
                        r"more processes \(--worker-processes\)"):
         client.reserve_links(2000)
+
+
+# -- a reply that came just before its connection closed -----------------------------------
+
+CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
+                rounds=4).validate()
+
+
+def _answer(server: zmq.Socket, header, tensor=None) -> object:
+    """Receive one request at ``server`` (a ROUTER) and answer it; the request's header."""
+    assert server.poll(10_000), "no request came"
+    envelope, frames = split_envelope(server.recv_multipart())
+    server.send_multipart(join_envelope(envelope, encode(header, tensor)))
+    return decode(frames).header
+
+
+def test_a_reply_that_came_before_its_connection_closed_is_read_not_lost() -> None:
+    """A server that answers and exits (the last round's ACK): the worker may see the
+    monitor's DISCONNECTED when its last poll did not yet show the reply. The reply is
+    read first; the request is not taken for lost (reopened and resent, its reply gone)."""
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    server.bind("tcp://127.0.0.1:*")
+    endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+    c = client.ClusterClient([endpoint], CFG, "worker", 0, RetryPolicy(timeout_s=30))
+    try:
+        c.begin(c.core.hello)
+        _answer(server, Welcome(shards=[0], num_shards=1, d=3, length=3, round=0,
+                                rounds=CFG.rounds))
+        deadline = time.monotonic() + 10
+        while c.busy and time.monotonic() < deadline:
+            client.poll_clients([c])
+        assert not c.busy
+        c.begin(lambda now: c.core.pull(1, now))
+        assert isinstance(_answer(server, Params(round=1, shards=[0], length=3),
+                                  np.arange(3, dtype=np.float32)), Pull)
+        server.close(linger=-1)  # the reply goes out, then the connection closes
+        assert c.links[0].monitor.poll(10_000), "the monitor never saw the connection close"
+        c._take({}, time.monotonic())  # as after a poll that returned before the reply
+        assert not c.busy, "the reply was not read"
+        np.testing.assert_array_equal(c.core.outcome, np.arange(3, dtype=np.float32))
+    finally:
+        c.close()
+        server.close(linger=0)
