@@ -5,9 +5,10 @@ started again, up to ``--max-restarts`` times each, by the cluster that started 
 (same settings, same endpoint); a worker process with all its workers. A worker
 process past its restarts is given up on while the servers' quorum K (``--quorum``; n
 without a round deadline) does without its workers: the rounds close with the pushes
-of the others. Any other process failing for good, or
-the run outlasting ``--run-timeout``, ends the run (``ProcessFailed``,
-``ClusterTimeout``).
+of the others. A worker process that fails once every server process has finished
+(the run is over: the servers hold its result) is not restarted, which would only wait
+for servers that are gone. Any other process failing for good, or the run outlasting
+``--run-timeout``, ends the run (``ProcessFailed``, ``ClusterTimeout``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Supervisor:
         self.started = 0.0  # time.monotonic() at the start of the run
         self.restarts: list[dict[str, Any]] = []
         self.lost: list[str] = []
+        self.after_end: list[str] = []  # worker processes that failed after the servers
 
     def watch(self, started: float, on_tick: Callable[[], None] | None = None) -> None:
         """Until every process exited 0 or was given up on, restarting those that died
@@ -88,7 +90,8 @@ class Supervisor:
         while True:
             check_stop()
             self.check()
-            if all(p.returncode == 0 or p.name in self.lost for p in self.processes):
+            if all(p.returncode == 0 or p.name in self.lost or p.name in self.after_end
+                   for p in self.processes):
                 return
             if limit is not None and time.monotonic() - started > limit:
                 raise ClusterTimeout(
@@ -104,9 +107,13 @@ class Supervisor:
         quorum does without; ``ProcessFailed`` for any other."""
         for index, p in enumerate(self.processes):
             code = p.returncode
-            if code in (None, 0) or p.name in self.lost:
+            if code in (None, 0) or p.name in self.lost or p.name in self.after_end:
                 continue
-            if restartable(code) and self.restarts_of(p.name) < self.max_restarts:
+            if p.name.startswith("worker-") and self.servers_finished():
+                self.after_end.append(p.name)
+                log.warning("%s exited with code %d after every server process finished "
+                            "the run; not restarted", p.name, code)
+            elif restartable(code) and self.restarts_of(p.name) < self.max_restarts:
                 self.restart(index, code)
             elif self.can_lose(p.name, code):
                 self.lost.append(p.name)
@@ -123,6 +130,11 @@ class Supervisor:
         self.restarts.append({"process": old.name, "exit_code": code, "after_s": seconds})
         log.warning("%s exited with code %d; restarted it (restart %d of %d)", old.name, code,
                     self.restarts_of(old.name), self.max_restarts)
+
+    def servers_finished(self) -> bool:
+        """Every server process exited 0: the run is over."""
+        servers = [p for p in self.processes if p.name.startswith("server-")]
+        return bool(servers) and all(p.returncode == 0 for p in servers)
 
     def restarts_of(self, name: str) -> int:
         return sum(r["process"] == name for r in self.restarts)

@@ -113,9 +113,10 @@ def test_a_server_is_never_lost() -> None:
 
 def test_watching_ends_when_every_process_finished_or_was_lost() -> None:
     s = supervisor(["server-0", "worker-0", "worker-1"], quorum=1, run_timeout_s=2.0)
+    s.processes[2].returncode = -9  # while the server runs: lost
+    s.check()
     s.processes[0].returncode = 0
     s.processes[1].returncode = 0
-    s.processes[2].returncode = -9
     s.watch(started=time.monotonic())
     assert s.lost == ["worker-1"]
 
@@ -149,3 +150,18 @@ def test_the_summary_of_a_failed_run_names_how_why_and_the_restarts(tmp_path: Pa
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["outcome"], summary["exit_code"]) == ("interrupted", 130)
     assert summary["startup"]["round0_done_s"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_worker_that_fails_after_every_server_finished_is_not_restarted() -> None:
+    """Restarted, it would only wait for servers that are gone (the run is over)."""
+    s = supervisor(["server-0", "server-1", "worker-0", "worker-1"], max_restarts=3, quorum=2)
+    s.processes[0].returncode = 0
+    s.processes[2].returncode = 3  # one server still runs: restarted
+    s.check()
+    assert s.processes[2].generation == 1 and s.after_end == []
+    s.processes[1].returncode = 0
+    s.processes[3].returncode = 0
+    s.processes[2].returncode = 3  # every server finished: not restarted, and not lost
+    s.check()
+    assert s.processes[2].generation == 1 and s.after_end == ["worker-0"] and s.lost == []
+    s.watch(time.monotonic())  # returns: nothing left running
