@@ -131,4 +131,5 @@ def byzantine_gradient(
         honest = np.stack([state.honest[i](computer.gradient(x, round_, i)[0]) for i in ids])
     else:  # only the shape is read
         honest = np.zeros((len(ids), computer.d), dtype=np.float32)
-    return forge(cfg, attack, honest, round_)[attack.byzantine_workers.index(worker)]
+    # a copy: a view would keep the whole forged matrix alive while the push is kept
+    return forge(cfg, attack, honest, round_)[attack.byzantine_workers.index(worker)].copy()

@@ -59,6 +59,7 @@ from common.protocol import (
     Welcome,
     encode,
     join_envelope,
+    reheaded,
 )
 from common.pushes import PushWindow, check_push
 from common.sharding import ServerSlices, format_shard_set
@@ -226,14 +227,17 @@ class ProxyCore:
         can take next, else relayed as it is."""
         push: Push = msg.header  # type: ignore[assignment]
         self._check_push(push)
-        if push.round < self.round:
-            return [Outgoing(True, incoming.frames)]
         envelope, peer = incoming.envelope, incoming.peer
-        if push.pull_next:  # the reply will be PARAMS for this worker
-            self._route(peer, push.worker)
         if push.bare_params and self.attack.corrupt_params:
             # each worker's PARAMS are corrupted on their own: none may borrow another's
             push = replace(push, bare_params=False)
+            if push.round < self.round:
+                return [Outgoing(True, join_envelope(envelope,
+                                                      reheaded([b"", *msg.chunks], push)))]
+        if push.round < self.round:
+            return [Outgoing(True, incoming.frames)]
+        if push.pull_next:  # the reply will be PARAMS for this worker
+            self._route(peer, push.worker)
         if self.corruptor.whole_round:
             held = self.tables.held[push.round]
             held[push.worker] = _HeldPush(envelope, push, np.array(msg.tensor()))

@@ -407,6 +407,19 @@ def test_with_corrupt_params_a_bare_push_goes_on_asking_for_the_values(
         assert not header.bare_params and envelope == env(header.worker)
 
 
+def test_with_corrupt_params_an_older_rounds_bare_push_asks_for_the_values_too() -> None:
+    """Relayed uncorrupted (the server answers it as a repeat), but never bare: its
+    reply is this worker's to corrupt."""
+    core = make_core(attack(corrupt_params=True, **GAMBLER))
+    core.from_server(server_says(Ack(round=1, worker=0)))  # the server is at round 1
+    (out,) = core.from_worker(bare_push(2, round_=0))
+    envelope, header, values = sent(out)
+    assert out.to_server and envelope == env(2)
+    assert header == Push(round=0, worker=2, length=LENGTH, pull_next=True)
+    np.testing.assert_array_equal(values, sent(forward_all(make_core(attack()), [
+        push(2, pull_next=True)])[0])[2])  # the values as pushed
+
+
 @pytest.mark.parametrize("given", [GAMBLER, OMNISCIENT], ids=["gambler", "omniscient"])
 def test_without_corrupt_params_a_bare_push_still_asks_for_a_bare_reply(
     given: dict[str, Any],

@@ -53,6 +53,16 @@ def test_a_byzantine_worker_pushes_its_forged_row(computer: GradientComputer) ->
         assert math.isnan(loss)
 
 
+@pytest.mark.parametrize("name", ["alie", "signflip", "gaussian", "ipm", "inf"])
+def test_a_byzantine_row_holds_its_own_memory_only(computer: GradientComputer,
+                                                   name: str) -> None:
+    """A worker keeps its pushes to replay: a view into the forged matrix would keep the
+    matrix of every Byzantine worker alive for each of those rounds."""
+    attack = AttackConfig.build(worker_attack=name, byzantine_workers=(1, 3)).validate(CFG)
+    row, _ = WorkerStep(CFG, attack, computer, 3)(initial_parameters(CFG), 0)
+    assert row.base is None and row.nbytes == 4 * computer.d
+
+
 def test_the_reference_engine_runs_the_workers_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every honest row of the engine is a ``WorkerStep``'s: a changed step changes it."""
     cfg = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rounds=2, rule="mean",
