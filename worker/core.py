@@ -4,7 +4,8 @@ A ``ClientCore`` runs one *exchange* at a time: a request to each server process
 *link*: one endpoint, hosting a set of the S shards, ``common.sharding``) and one
 answer from each; a push carries the slices of every shard the process hosts, a
 PARAMS reply their parameters. ``hello(now)``, ``pull(round_, now)``, ``push(round_,
-gradient, now)`` and ``catch_up(round_, now)`` start one and return what to send;
+gradient, now)`` (whose PARAMS may be asked bare: see ``NextRound.owed``, ``borrow``
+and ``pull_owed``) and ``catch_up(round_, now)`` start one and return what to send;
 ``handle(link, reply, now)`` and ``tick(now)`` return what to send next;
 ``connection(link, events, now)`` reports what a link's socket monitor saw. Once
 ``pending`` is empty, ``outcome`` holds the exchange's result. The core owns every
@@ -274,13 +275,20 @@ class ClientCore:
         return NextRound(at.round, at.params, at.missed)
 
     def pull_owed(self, at: NextRound, now: float) -> list[Send]:
-        """Pull the slices ``at`` owes (no other worker holds x^at.round any more);
-        ``outcome``: ``at`` complete, or, if a server no longer serves that round, the
+        """Ask the servers ``at`` owes for their values itself (no other worker of the
+        process holds x^at.round, or it waited too long for one): its push of the round
+        before again, now asking for the values, from its replay window (a server that
+        counted it answers PARAMS; one restarted behind it has the rounds in between
+        replayed, as for any push), else a PULL. ``outcome``: ``at`` complete, or the
         first round every server still serves (caught up)."""
-        steps = {s: self._pull_step(at.params, s, at.round)  # type: ignore[arg-type]
+        kept = self.sent.get(at.round - 1)
+        steps = {s: self._pull_step(at.params, s, at.round) if kept is None  # type: ignore[arg-type]
+                 else self._push_step(s, at.round - 1, kept, at.params)
                  for s in at.owed}
+        on_stale = (self._skip_ahead(at.round, missed=True) if kept is None
+                    else self._caught_up)
         return self._begin(steps, lambda: NextRound(at.round, at.params, at.missed),
-                           self._skip_ahead(at.round, missed=True), now)
+                           on_stale, now)
 
     def _skip_ahead(self, target: int, missed: bool) -> _OnStale:
         """A pull of round ``target`` refused as stale: catch up where that server is."""
@@ -301,37 +309,42 @@ class ClientCore:
         x^{round_+1} from one of them: see ``NextRound.owed``); the last round is ACKed.
         ``gradient`` must not change afterwards: it is sent, and kept to replay, as it is."""
         self.sent.record(round_, gradient)
-        pull_next = round_ + 1 < self.cfg.rounds
-        x = np.empty(self.d, dtype=np.float32) if pull_next else None
-        steps = {}
-        for s, link in enumerate(self.links):
-            values = self._slices_of(link, gradient)
-            length = link.slices.length  # type: ignore[union-attr]
-            header = Push(round=round_, worker=self.worker, length=length,
-                          pull_next=pull_next, bare_params=pull_next and bare_params)
-            step = _Step(encode(header, values), _reader(Ack), idempotent=True,
-                         push_round=round_)
-            if x is not None:
-                step.read = self._params_into(x, s, round_ + 1, bare=bare_params)
-                # counted already: its reply was lost; PULL the next round instead
-                step.on_repeat = self._pull_step(x, s, round_ + 1)
-                step.on_repeat.repush = reheaded(  # the same values, not encoded again
-                    step.frames, Push(round=round_, worker=self.worker, length=length))
-            steps[s] = step
-
-        def caught_up(server: int, error: Error, now: float) -> list[Send]:
-            abandoned = self._abandon_but(server)
-            if error.round >= self.cfg.rounds:  # the last round closed without it
-                self.pending.clear()
-                self.outcome = NextRound(error.round, None, missed=True)
-                return abandoned
-            return abandoned + self.catch_up(error.round, now, missed=True)
+        x = np.empty(self.d, dtype=np.float32) if round_ + 1 < self.cfg.rounds else None
+        steps = {s: self._push_step(s, round_, gradient, x, bare_params)
+                 for s in range(len(self.links))}
 
         def next_round() -> NextRound:
             owed = tuple(sorted(s for s, v in self.results.items() if v is _OWED))
             return NextRound(round_ + 1, x, owed=owed)
 
-        return self._begin(steps, next_round, caught_up, now)
+        return self._begin(steps, next_round, self._caught_up, now)
+
+    def _push_step(self, server: int, round_: int, gradient: np.ndarray,
+                   x: np.ndarray | None, bare_params: bool = False) -> _Step:
+        """The push of ``round_`` to ``server``: ACKed, or with ``x`` (not the last round)
+        answered by PARAMS(round_ + 1) copied into ``x`` (bare with ``bare_params``)."""
+        link = self.links[server]
+        values = self._slices_of(link, gradient)
+        length = link.slices.length  # type: ignore[union-attr]
+        header = Push(round=round_, worker=self.worker, length=length,
+                      pull_next=x is not None, bare_params=x is not None and bare_params)
+        step = _Step(encode(header, values), _reader(Ack), idempotent=True, push_round=round_)
+        if x is not None:
+            step.read = self._params_into(x, server, round_ + 1, bare=bare_params)
+            # counted already: its reply was lost; PULL the next round instead
+            step.on_repeat = self._pull_step(x, server, round_ + 1)
+            step.on_repeat.repush = reheaded(  # the same values, not encoded again
+                step.frames, Push(round=round_, worker=self.worker, length=length))
+        return step
+
+    def _caught_up(self, server: int, error: Error, now: float) -> list[Send]:
+        """A push refused as stale (its round closed without this worker): catch up."""
+        abandoned = self._abandon_but(server)
+        if error.round >= self.cfg.rounds:  # the last round closed without it
+            self.pending.clear()
+            self.outcome = NextRound(error.round, None, missed=True)
+            return abandoned
+        return abandoned + self.catch_up(error.round, now, missed=True)
 
     def abandon(self) -> list[Send]:
         """Give up the exchange (it raised): each server still waiting gets a new

@@ -7,15 +7,17 @@ when a worker restarts or catches up), push its shards and get x^{t+1} back
 One process runs one worker or several (``--worker-id 0-9``). Each keeps everything a
 worker process has: its key and connections (``ClusterClient``), its step state, its
 replay window and its ``worker-<i>.jsonl``; they share the dataset and one model, on
-which they compute one after the other. A worker whose exchange is answered computes
-its next round while the others still wait for theirs, honest workers before Byzantine
-ones; all wait on one poll. x^{t+1} is the same for every worker, so only the first (the
-*lender*) receives its values: the others' pushes ask for bare PARAMS, and each takes
-the values from the lender's reply (``_Member.settle``), or pulls them itself if the
-lender has gone past that round (it missed one at a deadline). The run is the same as
-with a process per worker (bit-identical): a process is a deployment choice, as a server
-process hosting several shards is. The process is the unit of failure: an error of one
-worker ends it, and a supervisor restarts all its workers.
+which they compute one after the other. A worker whose exchange is answered computes its
+next round while the others still wait for theirs, honest workers before Byzantine ones;
+all wait on one poll. x^{t+1} is the same for every worker, so only the first (the
+*lender*: the first honest worker) receives its values: the others' pushes ask for bare
+PARAMS, and each takes the values from the lender's reply of that round
+(``_Member.settle``), or asks the servers for them itself if the lender has gone past
+that round (it missed one at a deadline, or finished) or has not reached it within
+``BORROW_GRACE`` of the request timeout (its reply was lost, a server restarted). The
+run is the same as with a process per worker (bit-identical): a process is a deployment
+choice, as a server process hosting several shards is. The process is the unit of
+failure: an error of one worker ends it, and a supervisor restarts all its workers.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from worker.trainer import GradientComputer
 
 log = logging.getLogger("ps.worker")
 
+# A worker waits for its lender's values at most this fraction of --timeout.
+BORROW_GRACE = 0.25
+
 
 @dataclass
 class _Member:
@@ -55,6 +60,7 @@ class _Member:
     # bare PARAMS left out, of the round ``filling``)
     pushed: tuple[int, float, float, float] | None = None
     filling: int = 0
+    owed_since: float = 0.0  # when its exchange ended owing values (time.monotonic())
 
     def push(self, cfg: RunConfig) -> None:
         """Compute and start pushing its next round, if it has one."""
@@ -70,15 +76,24 @@ class _Member:
         self.at = None
         self.pushed = (t, loss, began, computed)
 
-    def settle(self, lent: NextRound) -> None:
-        """Fill what its bare PARAMS left out from ``lent`` (the lender's latest place),
-        which must be the same round; pull it if the lender has gone past that round."""
+    def settle(self, lent: tuple[NextRound, ...], now: float, grace_s: float) -> None:
+        """Fill what its bare PARAMS left out from the lender's place of the same round
+        (``lent``: its latest places, newest first); ask the servers if the lender has
+        gone past that round, or has not reached it for ``grace_s`` seconds."""
         at = self.at
         if at is None or not at.owed:
             return
-        if lent.round == at.round and lent.params is not None:
-            self.at = self.client.core.borrow(at, lent.params)
-        elif lent.round > at.round or lent.params is None:
+        for place in lent:
+            if place.round == at.round and place.params is not None:
+                self.at = self.client.core.borrow(at, place.params)
+                return
+        latest = lent[0]
+        past = latest.round > at.round or latest.params is None
+        if past or now - self.owed_since > grace_s:
+            if not past:
+                log.warning("worker %d: no values of round %d from its process's first "
+                            "worker in %.0f s; asking the servers", self.worker, at.round,
+                            now - self.owed_since)
             self.client.begin(lambda now: self.client.core.pull_owed(at, now))
             self.at, self.filling = None, at.round
         # else the lender's exchange of that round is still under way: wait for it
@@ -87,6 +102,7 @@ class _Member:
         """Its exchange is over: go on where it says, and record the round it pushed."""
         at: NextRound = self.client.core.outcome  # type: ignore[assignment]
         self.at = at
+        self.owed_since = time.monotonic()
         if self.pushed is None:  # it pulled what it owed; its round was recorded
             if at.missed:
                 log.warning("worker %d: round %d was gone when it pulled it; caught up at "
@@ -146,14 +162,16 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
         for m, at in zip(team, exchange_all(starts), strict=True):
             m.at = at  # type: ignore[assignment]
         lender, borrowers = team[0], team[1:]
-        lent: NextRound = lender.at  # type: ignore[assignment]
+        lent: tuple[NextRound, ...] = (lender.at,)  # type: ignore[assignment]
+        grace_s = BORROW_GRACE * options.timeout_s
         for m in borrowers:
             m.bare = True
         freeze_startup_objects()
         while True:
             check_stop()
+            now = time.monotonic()
             for m in borrowers:
-                m.settle(lent)
+                m.settle(lent, now, grace_s)
             for m in team:
                 m.push(cfg)
             waiting = [m for m in team if m.at is None]
@@ -163,8 +181,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             for m in waiting:
                 if not m.client.busy:
                     m.answered(cfg)
-            if lender.at is not None:
-                lent = lender.at
+            if lender.at is not None and lender.at is not lent[0]:
+                lent = (lender.at, lent[0])  # its last two places
         log.info("done after %d rounds", cfg.rounds)
     finally:
         for m in team:

@@ -109,7 +109,7 @@ class Supervisor:
             code = p.returncode
             if code in (None, 0) or p.name in self.lost or p.name in self.after_end:
                 continue
-            if p.name.startswith("worker-") and self.servers_finished():
+            if p.name.startswith("worker-") and restartable(code) and self.servers_finished():
                 self.after_end.append(p.name)
                 log.warning("%s exited with code %d after every server process finished "
                             "the run; not restarted", p.name, code)

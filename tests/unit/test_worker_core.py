@@ -356,6 +356,45 @@ def test_pull_owed_pulls_only_the_owed_links_and_completes_the_round() -> None:
     np.testing.assert_array_equal(outcome.params, x_of(3))
 
 
+def _owing_after_a_bare_push(core: ClientCore) -> NextRound:
+    """Round 2 pushed asking for bare PARAMS: link 0 sent the values, link 1 a bare one."""
+    core.push(2, gradient(2), 0.5, bare_params=True)
+    core.handle(0, params(0, 3), 0.6)
+    core.handle(1, bare(1, 3), 0.6)
+    at = core.outcome
+    assert isinstance(at, NextRound) and at.owed == (1,)
+    return at
+
+
+def test_pull_owed_pushes_the_kept_round_again_asking_for_the_values() -> None:
+    core = make_core()
+    at = _owing_after_a_bare_push(core)
+    [send] = core.pull_owed(at, 1.0)
+    header, values = pushed(send)
+    assert send.link == 1 and not send.reopen
+    assert header == Push(round=2, worker=WORKER, length=5, pull_next=True)  # not bare
+    np.testing.assert_array_equal(values, gradient(2)[5:])
+    core.handle(1, params(1, 3), 1.5)  # the server answers it as the push it counted
+    outcome = core.outcome
+    assert isinstance(outcome, NextRound) and (outcome.round, outcome.owed) == (3, ())
+    np.testing.assert_array_equal(outcome.params, x_of(3))
+
+
+def test_pull_owed_from_a_server_restarted_behind_replays_what_it_lost() -> None:
+    """The server restarted from an older checkpoint: the rounds it lacks are pushed
+    again (as every worker of the run does), then the round before the owed one."""
+    core = make_core()
+    core.sent.record(1, gradient(1))
+    at = _owing_after_a_bare_push(core)
+    core.pull_owed(at, 1.0)
+    [replay] = core.handle(1, error(ErrorCode.WRONG_ROUND, 1), 1.5)  # resumed at round 1
+    assert pushed(replay)[0] == Push(round=1, worker=WORKER, length=5, pull_next=True)
+    [again] = core.handle(1, params(1, 2), 2.0)
+    assert pushed(again)[0] == Push(round=2, worker=WORKER, length=5, pull_next=True)
+    core.handle(1, params(1, 3), 2.5)
+    np.testing.assert_array_equal(core.outcome.params, x_of(3))  # type: ignore[attr-defined]
+
+
 def test_pull_owed_refused_as_stale_catches_up_where_the_server_is() -> None:
     core = make_core()
     core.pull_owed(owing(3, (1,)), 1.0)

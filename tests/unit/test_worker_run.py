@@ -24,6 +24,7 @@ ENDPOINTS = ["tcp://s0:1", "tcp://s1:1"]
 RANGES = [(0, 5), (5, 10)]
 D = 10
 WORKER = 1
+GRACE_S = 10.0  # how long a member waits for its lender
 
 
 def x_of(round_: int) -> np.ndarray:
@@ -80,13 +81,13 @@ def owing(round_: int, owed: tuple[int, ...] = (1,)) -> NextRound:
 def test_a_member_owing_nothing_does_not_settle() -> None:
     at = NextRound(3, x_of(3))
     m = member(at)
-    m.settle(NextRound(4, x_of(4)))
+    m.settle((NextRound(4, x_of(4)),), 0.0, GRACE_S)
     assert m.at is at and m.client.sends == []  # type: ignore[attr-defined]
 
 
 def test_a_member_whose_push_is_under_way_does_not_settle() -> None:
     m = member(None)
-    m.settle(NextRound(4, x_of(4)))
+    m.settle((NextRound(4, x_of(4)),), 0.0, GRACE_S)
     assert m.at is None and m.client.sends == []  # type: ignore[attr-defined]
 
 
@@ -95,7 +96,7 @@ def test_a_member_borrows_what_it_owes_from_the_lenders_same_round(
     owed: tuple[int, ...],
 ) -> None:
     m = member(owing(3, owed))
-    m.settle(NextRound(3, x_of(3)))
+    m.settle((NextRound(3, x_of(3)),), 0.0, GRACE_S)
     at = m.at
     assert at is not None and (at.round, at.missed, at.owed) == (3, False, ())
     np.testing.assert_array_equal(at.params, x_of(3))
@@ -105,7 +106,8 @@ def test_a_member_borrows_what_it_owes_from_the_lenders_same_round(
 def test_a_member_pulls_what_it_owes_once_the_lender_is_past_that_round() -> None:
     m = member(owing(3))
     client: FakeClient = m.client  # type: ignore[assignment]
-    m.settle(NextRound(5, x_of(5), missed=True))  # the lender missed a round, caught up
+    # the lender missed a round, caught up
+    m.settle((NextRound(5, x_of(5), missed=True),), 0.0, GRACE_S)
     assert m.at is None
     assert client.headers() == [(1, Pull(round=3, worker=WORKER))]
     start, stop = RANGES[1]
@@ -121,7 +123,7 @@ def test_a_member_pulls_what_it_owes_once_the_lender_is_past_that_round() -> Non
 def test_a_member_pulls_what_it_owes_when_the_lender_holds_no_params(lent: NextRound) -> None:
     m = member(owing(3, (0, 1)))
     client: FakeClient = m.client  # type: ignore[assignment]
-    m.settle(lent)
+    m.settle((lent,), 0.0, GRACE_S)
     assert m.at is None
     assert client.headers() == [(0, Pull(round=3, worker=WORKER)),
                                 (1, Pull(round=3, worker=WORKER))]
@@ -130,9 +132,10 @@ def test_a_member_pulls_what_it_owes_when_the_lender_holds_no_params(lent: NextR
 def test_a_member_waits_while_the_lenders_exchange_of_that_round_is_under_way() -> None:
     at = owing(3)
     m = member(at)
-    m.settle(NextRound(2, x_of(2)))  # the lender's place before its push of round 2
+    # the lender's place before its push of round 2
+    m.settle((NextRound(2, x_of(2)),), 0.0, GRACE_S)
     assert m.at is at and m.client.sends == []  # type: ignore[attr-defined]
-    m.settle(NextRound(3, x_of(3)))  # its reply came
+    m.settle((NextRound(3, x_of(3)),), 0.0, GRACE_S)  # its reply came
     assert m.at is not None and m.at.owed == ()
 
 
@@ -155,7 +158,7 @@ def test_a_member_pushes_asking_for_bare_params_as_it_is_told(bare: bool) -> Non
 
 def test_a_member_that_borrowed_pushes_its_round() -> None:
     m = member(owing(3))
-    m.settle(NextRound(3, x_of(3)))
+    m.settle((NextRound(3, x_of(3)),), 0.0, GRACE_S)
     m.push(CFG)
     assert m.at is None and m.step.rounds == [3]  # type: ignore[attr-defined]
 
@@ -172,10 +175,33 @@ def test_a_member_that_pulls_what_it_owes_records_its_pushed_round_once(tmp_path
     core.handle(1, decode(encode(Params(round=3, shards=[1], length=5, bare=True))), 2.0)
     m.answered(CFG)
     assert m.at is not None and m.at.owed == (1,)
-    m.settle(NextRound(4, x_of(4), missed=True))  # the lender is past round 3: pull
+    # the lender is past round 3: pull
+    m.settle((NextRound(4, x_of(4), missed=True),), 0.0, GRACE_S)
     core.handle(1, decode(encode(Params(round=3, shards=[1], length=5), x_of(3)[5:])), 3.0)
     m.answered(CFG)
     m.metrics.close()
     assert [r["round"] for r in read_jsonl(path)] == [2]
     assert m.at is not None and (m.at.round, m.at.owed, m.at.missed) == (3, (), False)
     np.testing.assert_array_equal(m.at.params, x_of(3))
+
+
+def test_a_member_borrows_from_the_lenders_place_before_its_latest() -> None:
+    """The lender's last round's ACK came at once, before this member's bare reply was
+    read: its values of the round before are still at hand, no servers asked."""
+    m = member(owing(CFG.rounds - 1))
+    m.settle((NextRound(CFG.rounds, None), NextRound(CFG.rounds - 1, x_of(CFG.rounds - 1))),
+             0.0, GRACE_S)
+    assert m.at is not None and m.at.owed == () and m.client.sends == []  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(m.at.params, x_of(CFG.rounds - 1))
+
+
+def test_a_member_asks_the_servers_once_its_lender_is_late_past_the_grace() -> None:
+    """The lender's reply was lost or a server restarted behind: the member does not wait
+    on it for ever."""
+    m = member(owing(3))
+    m.owed_since = 100.0
+    m.settle((NextRound(2, x_of(2)),), 100.0 + GRACE_S / 2, GRACE_S)
+    assert m.at is not None and m.client.sends == []  # type: ignore[attr-defined]
+    m.settle((NextRound(2, x_of(2)),), 100.0 + GRACE_S * 2, GRACE_S)
+    assert m.at is None
+    assert m.client.headers() == [(1, Pull(round=3, worker=WORKER))]  # type: ignore[attr-defined]
