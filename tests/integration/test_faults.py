@@ -86,9 +86,9 @@ def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_pa
     assert abs(faulty_top1 - clean_top1) <= 0.05, (faulty_top1, clean_top1)
 
 
-def _cluster_args(out: Path, rounds: int, *extra: str) -> list[str]:
+def _cluster_args(out: Path, rounds: int, *extra: str, worker_processes: int = 4) -> list[str]:
     return ["--dataset", "synthetic", "--workers", "4", "--shards", "2", "--server-processes",
-            "2", "--worker-processes", "4", "--rule", "mean",
+            "2", "--worker-processes", str(worker_processes), "--rule", "mean",
             "--q", "0", "--rounds", str(rounds), "--seed", "5", "--checkpoint-every", "10",
             "--out-dir", str(out), "--no-evaluator", "--timeout", "5", *extra]
 
@@ -117,14 +117,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_server_is_restarted_and_the_run_ends_bit_identical(processes,
-                                                                       tmp_path) -> None:
+@pytest.mark.parametrize("worker_processes", [4, 2])
+def test_a_killed_server_is_restarted_and_the_run_ends_bit_identical(
+        processes, tmp_path, worker_processes: int) -> None:
+    """With a process per worker, and with two workers a process (the second borrows
+    the first's PARAMS values: a restart must not strand it)."""
     out = tmp_path / "run"
-    launcher = processes.start("cluster", "ps.launcher.cli",
-                               _cluster_args(out, 60, "--verify"))
+    launcher = processes.start("cluster", "ps.launcher.cli", _cluster_args(
+        out, 60, "--verify", worker_processes=worker_processes))
     wait_for(lambda: len(_rounds(out, 1)) >= 15, 120, "round 15 on shard 1")
     children = _children(launcher)
-    assert {"server-0", "server-1", "worker-0", "worker-3"} <= set(children)
+    firsts = {4: ("worker-0", "worker-3"), 2: ("worker-0", "worker-2")}[worker_processes]
+    assert {"server-0", "server-1", *firsts} <= set(children)
     os.kill(children["server-1"], signal.SIGKILL)
     assert processes.wait_exit(launcher, 240) == 0, launcher.tail(30)
     summary = json.loads((out / "summary.json").read_text())
