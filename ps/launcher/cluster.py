@@ -135,7 +135,8 @@ class Cluster:
             # each shard's checkpoint, checked with its server's key (unkeyed: --insecure)
             params = final_parameters(self.out, self.spec.cfg, self.security.ring("ps-cluster"),
                                       len(self.blocks))
-            return report.finished(params, supervisor.restarts, supervisor.lost)
+            return report.finished(params, supervisor.restarts, supervisor.lost,
+                                   supervisor.after_end)
         except BaseException as exc:
             stop_all(self.processes)
             report.failed(exc, supervisor.restarts, supervisor.lost)

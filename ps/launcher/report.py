@@ -100,8 +100,9 @@ class RunReport:
         return time.monotonic() - self.started if self.started else 0.0
 
     def finished(self, params: np.ndarray, restarts: list[dict[str, Any]],
-                 lost: list[str]) -> ClusterResult:
-        """The result of a run that ended with ``params``; writes its summary."""
+                 lost: list[str], after_end: list[str] | None = None) -> ClusterResult:
+        """The result of a run that ended with ``params``; writes its summary
+        (``after_end``: the worker processes that failed once the servers had finished)."""
         result = ClusterResult(
             out_dir=self.out,
             seconds=self.seconds(),
@@ -117,6 +118,7 @@ class RunReport:
             "final_loss": result.progress.loss,
             "params_sha256": result.digest,
             "params_finite": bool(np.isfinite(params).all()),
+            "failed_after_servers_finished": after_end or [],
         })
         return result
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common.errors import EXIT_CONFIG, EXIT_PEER, ClusterTimeout
@@ -165,3 +166,15 @@ def test_a_worker_that_fails_after_every_server_finished_is_not_restarted() -> N
     s.check()
     assert s.processes[2].generation == 1 and s.after_end == ["worker-0"] and s.lost == []
     s.watch(time.monotonic())  # returns: nothing left running
+
+
+def test_the_summary_of_a_finished_run_names_workers_that_failed_after_it(
+        tmp_path: Path) -> None:
+    report = RunReport(tmp_path, rounds=3)
+    report.begin()
+    (tmp_path / "server-0.jsonl").write_text("".join(
+        json.dumps({"round": t, "time": report.launched + 1 + t}) + "\n" for t in range(3)))
+    report.finished(np.zeros(4, dtype=np.float32), [], [], ["worker-2"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["lost"] == []
+    assert summary["failed_after_servers_finished"] == ["worker-2"]
