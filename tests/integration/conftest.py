@@ -55,12 +55,10 @@ class Processes:
         return str(wait_for(ready, timeout_s, f"{process.name} to listen"))
 
 
-@pytest.fixture
-def run_keys(tmp_path: Path) -> Callable[..., list[str]]:
-    """``run_keys(S, n, proxies=())``: the run's keys, created once; the --keys flags."""
+def keys_in(directory: Path) -> Callable[..., list[str]]:
+    """``make(S, n, proxies=())``: a run's keys in ``directory``, created once; the --keys
+    flags."""
     from common.keys import create_keys
-
-    directory = tmp_path / "keys"
 
     def make(num_shards: int, num_workers: int, proxies: tuple[int, ...] = ()) -> list[str]:
         if not directory.exists():
@@ -71,8 +69,28 @@ def run_keys(tmp_path: Path) -> Callable[..., list[str]]:
 
 
 @pytest.fixture
+def run_keys(tmp_path: Path) -> Callable[..., list[str]]:
+    """``run_keys(S, n, proxies=())``: the run's keys, created once; the --keys flags."""
+    return keys_in(tmp_path / "keys")
+
+
+@pytest.fixture(scope="module")
+def module_run_keys(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[str]]:
+    """``run_keys`` shared by a module's tests (for what a module fixture starts)."""
+    return keys_in(tmp_path_factory.mktemp("module") / "keys")
+
+
+@pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path / "logs")
+    yield procs
+    stop_all(procs.started)
+
+
+@pytest.fixture(scope="module")
+def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """``processes`` for a module fixture: stopped when the module's tests are done."""
+    procs = Processes(tmp_path_factory.mktemp("module-logs"))
     yield procs
     stop_all(procs.started)
 

@@ -1,12 +1,17 @@
 """A real ``ps-server --resume`` on a checkpoint it did not write, or one that was
 altered, exits 2 with one line naming the file and the reason (a supervisor does not
 restart exit 2: no crash loop), and leaves the file as it was; on the checkpoint a real
-server wrote, it resumes."""
+server wrote, it resumes. The keyed servers' checkpoints are written once for the module
+(each test alters its own copy). Of what anyone could write where servers run
+--insecure, a garbage file and a table of 4e12 values go through real processes; the
+other reasons (each unit-tested in ``tests/unit/test_checkpoint.py``) through the
+server's loading path in this process (``server.node.build_core``), the same error."""
 
 from __future__ import annotations
 
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +24,15 @@ from common.settings import SERVER, to_argv
 from ps.launcher.supervise import restartable
 from server.checkpoint import (
     Checkpoint,
+    CheckpointError,
     checkpoint_path,
+    model_size,
     read_run_checkpoint,
     save_checkpoint,
     seal,
 )
 from server.checkpoint.format import ENTRY, FIXED, LINE_UNKEYED
+from server.options import ServerOptions
 from tests.integration.conftest import Processes
 
 pytestmark = pytest.mark.integration
@@ -73,15 +81,44 @@ def _refused(processes: Processes, name: str, out: Path, shard: int, security: l
     return lines[0]
 
 
-@pytest.fixture
-def keyed_run(processes: Processes, tmp_path: Path, run_keys) -> tuple[Path, list[str]]:
-    """Both servers of a keyed run started and stopped: their checkpoints, as they
-    wrote them, in ``tmp_path / "run"``."""
-    security = run_keys(CFG.num_shards, CFG.num_workers)
-    out = tmp_path / "run"
+def _refused_on_load(out: Path, shard: int, reason: str) -> None:
+    """What ``ps-server --resume --insecure`` does with the checkpoint before it
+    listens, in this process: the ``CheckpointError`` it exits 2 with (its line, the
+    message, naming the checkpoint and ``reason``); the checkpoint is left as it was."""
+    from server.node import build_core
+
+    path = checkpoint_path(out, shard)
+    before = path.read_bytes()
+    options = ServerOptions(shard=str(shard), resume=True)
+    with pytest.raises(CheckpointError) as refused:
+        build_core(CFG, options, out, np.zeros(model_size(CFG), np.float32))
+    line = str(refused.value)
+    assert line.startswith(f"checkpoint {path} refused: "), line
+    assert reason in line, line
+    assert path.read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def keyed_checkpoints(module_processes: Processes, tmp_path_factory: pytest.TempPathFactory,
+                      module_run_keys: Callable[..., list[str]]) -> tuple[Path, Path]:
+    """Both servers of a keyed run started and stopped, once for the module: the run
+    directory with their checkpoints as they wrote them, and the run's keys. Not to be
+    altered: see ``keyed_run``."""
+    security = module_run_keys(CFG.num_shards, CFG.num_workers)
+    out = tmp_path_factory.mktemp("keyed") / "run"
     for s in range(CFG.num_shards):
-        _stopped_server(processes, f"first-{s}", out, s, security)
-    return out, security
+        _stopped_server(module_processes, f"first-{s}", out, s, security)
+    return out, Path(security[1])
+
+
+@pytest.fixture
+def keyed_run(keyed_checkpoints: tuple[Path, Path], tmp_path: Path) -> tuple[Path, list[str]]:
+    """This test's copy of the keyed run (``keyed_checkpoints``): the checkpoints in
+    ``tmp_path / "run"``, the keys in ``tmp_path / "keys"``; the --keys flags."""
+    run, keys = keyed_checkpoints
+    shutil.copytree(run, tmp_path / "run")
+    shutil.copytree(keys, tmp_path / "keys")
+    return tmp_path / "run", ["--keys", str(tmp_path / "keys")]
 
 
 def test_a_checkpoint_a_keyed_server_wrote_resumes(processes, keyed_run, tmp_path) -> None:
@@ -144,12 +181,12 @@ def test_an_insecure_server_refuses_what_anyone_could_write(processes, tmp_path)
     path.write_bytes(LINE_UNKEYED + b"garbage")
     _refused(processes, "short", out, 1, insecure, "truncated: ")
     _forged(path, {"params": size, "shard": size}, zeros)
-    _refused(processes, "names", out, 1, insecure, "unexpected array 'shard'")
+    _refused_on_load(out, 1, "unexpected array 'shard'")
     # float64 1e300 (inf as float32): the file holds twice the bytes its table declares
     _forged(path, {"params": size}, np.full(size, 1e300).tobytes())
-    _refused(processes, "huge", out, 1, insecure, "its header declares (bytes added after")
+    _refused_on_load(out, 1, "its header declares (bytes added after")
     _forged(path, good, zeros, round_=CFG.rounds + 1)
-    _refused(processes, "round", out, 1, insecure, f"round {CFG.rounds + 1} outside 0..5")
+    _refused_on_load(out, 1, f"round {CFG.rounds + 1} outside 0..5")
     # a table declaring 4e12 values (16 TB): refused before anything is allocated
     _forged(path, {"params": 4_000_000_000_000}, zeros[:64])
     _refused(processes, "declared", out, 1, insecure,
@@ -157,4 +194,4 @@ def test_an_insecure_server_refuses_what_anyone_could_write(processes, tmp_path)
     nan = np.zeros(2 * size, "<f4")
     nan[size + 1] = np.nan
     _forged(path, good, nan.tobytes())
-    _refused(processes, "nan", out, 1, insecure, "previous holds 1 non-finite value(s)")
+    _refused_on_load(out, 1, "previous holds 1 non-finite value(s)")

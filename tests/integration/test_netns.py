@@ -1,10 +1,11 @@
 """A real cluster across network namespaces with latency, loss and a bandwidth cap.
 
 Method. Every node of the cluster gets a network namespace of its own (server 0,
-server 1, the proxy in front of shard 0, and two groups of 3 workers), joined by veth
-pairs to a Linux bridge that lives in one more namespace (never the root namespace:
-nothing leaves the machine), with addresses 10.R.R.x/24 and names unique to the test
-run (interfaces at most 15 characters). The links are then degraded with what this
+server 1, the proxy in front of shard 0, and two groups of 3 workers, each group one
+worker process running its team: ``--worker-id 0-2``), joined by veth pairs to a Linux
+bridge that lives in one more namespace (never the root namespace: nothing leaves the
+machine), with addresses 10.R.R.x/24 and names unique to the test run (interfaces at
+most 15 characters). The links are then degraded with what this
 kernel has (it has no netem):
 
 * loss: ``iptables -A INPUT ! -i lo -m statistic --mode random --probability 0.01 -j DROP``
@@ -310,10 +311,10 @@ def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_
 
     relayed = {g: [relay(f"relay-{g}-{s}", node, front) for s, front in enumerate(fronts)]
                for g, node in hosts.items()}
-    for g, node in hosts.items():
-        for i in groups[g]:
-            lab.start(f"worker-{i}", node, [*python, "worker.cli", *builder.worker_argv(
-                i, [f"tcp://{where}" for where in relayed[g]])])
+    for g, node in hosts.items():  # one process runs the group's team of workers
+        team = tuple(groups[g])
+        lab.start(f"worker-{team[0]}", node, [*python, "worker.cli", *builder.worker_argv(
+            team, [f"tcp://{where}" for where in relayed[g]])])
     cluster = [p for p in lab.processes if not p.name.startswith("relay-")]
 
     # mid-run, group A's relay to the proxy dies and comes back on its port: its
@@ -349,7 +350,8 @@ def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_
     for i in range(n):
         exchanges = [r["exchange_ms"] for r in read_jsonl(out / f"worker-{i}.jsonl")]
         assert len(exchanges) == cfg.rounds
-        # each exchange is a push out and its reply back: at least two relay delays
+        # each exchange is a push out and its reply back: at least two relay delays (a
+        # worker borrowing its team's values still pushes and waits for its own reply)
         assert min(exchanges) >= 2 * (DELAY_MS - JITTER_MS), (i, min(exchanges))
     proxy_rounds = read_jsonl(out / "proxy-0.jsonl")
     assert sum(r.get("corrupted_values", 0) for r in proxy_rounds) > 0

@@ -46,10 +46,12 @@ def test_a_users_rule_and_attack_run_through_simulate_and_the_cluster(home: Path
     assert config["run"]["rule"] == RULE and config["attack"]["worker_attack"] == ATTACK
     assert config["attack"]["params"]["my_defences:ScaledMean"]["factor"] == -3.0
     assert config["run"]["mom_group"] == 3  # the rule's own option, a run setting
-    for start in ("fork", "exec"):
+    # exec: every role a fresh interpreter importing the plugin; one process each will do
+    for start, layout in (("fork", []), ("exec", ["--server-processes", "1",
+                                                   "--worker-processes", "1"])):
         out = home / f"cluster-{start}"
         cluster = _run(home, "ps.launcher.cli", *RUN, "--shards", "3", "--start", start,
-                       "--verify", "--out-dir", str(out))
+                       *layout, "--verify", "--out-dir", str(out))
         assert cluster.returncode == 0, cluster.stderr[-3000:]
         assert "verified: the reference engine ends with the same parameters" in (
             cluster.stdout + cluster.stderr)
