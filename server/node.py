@@ -20,7 +20,13 @@ from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.transport import Listener, largest_message, shut_down, write_ready_file
+from common.transport import (
+    Listener,
+    largest_message,
+    node_context,
+    shut_down,
+    write_ready_file,
+)
 from server.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -89,7 +95,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     mac_keys = {s: server_mac_key(keys, s, first) for s in shards}
     core, writer = build_core(cfg, options, process.out_dir, initial, mac_keys)
     curve = keys.server_curve(first, cfg.num_workers) if keys else None
-    ctx = zmq.Context.instance()
+    ctx = node_context(curve is not None)
     listener = Listener(ctx, options.bind, curve, largest_message(core.state.size),
                         peers_per_connection=cfg.num_workers)
     core.peers.on_bar = listener.bar

@@ -24,6 +24,7 @@ from common.transport import (
     Listener,
     connect_dealer,
     largest_message,
+    node_context,
     receive,
     send_frames,
     shut_down,
@@ -70,7 +71,7 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
     server's own key to the workers, admitting the workers' keys only: a man in the
     middle works only because the test handed it both.
     """
-    ctx = zmq.Context.instance()
+    ctx = node_context(keys is not None)
     expected = parse_shard_set(options.shard, cfg.num_shards) if options.shard else None
     first = expected[0] if expected else None
     back = connect_dealer(ctx, options.server,

@@ -13,7 +13,7 @@ from common.errors import EXIT_CONFIG, EXIT_PEER
 from common.keys import CurveClient, KeyRing, create_keys
 from common.protocol import Error, ErrorCode, Header, Hello, Push, Welcome, decode, encode
 from common.settings import SERVER, to_argv
-from common.transport import bind_router, connect_dealer
+from common.transport import CURVE_IO_THREADS, bind_router, connect_dealer
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,15 @@ def test_a_worker_key_cannot_say_hello_or_push_as_another_worker(keyed_server) -
         assert not isinstance(reply, Error)
     finally:
         sock.close(linger=0)
+
+
+def test_a_keyed_server_runs_its_cipher_on_two_io_threads(processes, keyed_server) -> None:
+    """A round's close encrypts PARAMS for every worker process: with keys, the server's
+    connections are shared by two ZeroMQ I/O threads (``CURVE_IO_THREADS``), not one."""
+    pid = processes.started[0].pid
+    names = [(task / "comm").read_text().strip()
+             for task in Path(f"/proc/{pid}/task").iterdir()]
+    assert sum(name.startswith("ZMQbg/IO/") for name in names) == CURVE_IO_THREADS == 2, names
 
 
 def test_a_client_without_an_admitted_key_gets_nothing(keyed_server) -> None:
