@@ -33,9 +33,13 @@ reference engine, measured in one run and printed as one table per topic:
 
 Every layout runs once per security mode (``--security keys,insecure``, the default:
 each layout with keys, then each without; ``--insecure`` is short for ``--security
-insecure``) and start method (``--start``). The reference engine runs once, at S=4
-(the first layout's S if none has 4); the final parameters of every S=4 run must be
-bit-identical to its.
+insecure``) and start method (``--start``). The reference engine (at S=4, or the first
+layout's S if none has 4) runs just before each cluster run, in this process, and each
+run's ratios are to the reference run beside it: this machine's speed drifts by a third
+from minute to minute (a shared VM), which a single reference run would put into every
+ratio; the table also gives the reference runs' median and range, and the targets the
+ratio to that median. The final parameters of every S=4 run must be bit-identical to
+the reference engine's.
 
 Scaling in n (``--n-scaling``): the cluster with each n at S=4 on ``--n-processes``
 server processes, with keys, on ``--n-dataset`` (Fashion-MNIST) for ``--n-rounds`` rounds:
@@ -101,6 +105,22 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
+class Reference:
+    """The in-process reference engine's figures."""
+
+    shards: int
+    rounds_per_s: float
+    cpu_s_per_round: float
+    digest: str
+
+
+def median_reference(runs: list[Reference]) -> Reference:
+    """The reference runs' median rounds/s and CPU per round (their digest: all equal)."""
+    return Reference(runs[0].shards, statistics.median(r.rounds_per_s for r in runs),
+                     statistics.median(r.cpu_s_per_round for r in runs), runs[0].digest)
+
+
+@dataclass
 class Measured:
     """One cluster run's figures."""
 
@@ -119,17 +139,18 @@ class Measured:
     start: str = "fork"
     workers: int = 0
     cpu_s_per_round: float | None = None  # all processes, steady window; None: too short
+    reference: Reference | None = None  # the reference engine run just before this run
     extra: dict = field(default_factory=dict)
 
+    def to_reference(self) -> float:
+        """rounds/s / the rounds/s of the reference run beside it."""
+        return self.rounds_per_s / self.reference.rounds_per_s  # type: ignore[union-attr]
 
-@dataclass
-class Reference:
-    """The in-process reference engine's figures."""
-
-    shards: int
-    rounds_per_s: float
-    cpu_s_per_round: float
-    digest: str
+    def cpu_to_reference(self) -> float | None:
+        """CPU per round / the reference run's beside it (None: too short to measure)."""
+        if self.cpu_s_per_round is None:
+            return None
+        return self.cpu_s_per_round / self.reference.cpu_s_per_round  # type: ignore[union-attr]
 
 
 def pss_mb(pid: int) -> float:
@@ -239,7 +260,7 @@ def run_cluster(args: list[str], out: Path, label: str, shards: int,
                     processes=processes, cpu_s_per_round=sampler.cpu_per_round(times))
 
 
-def reference_engine(cfg: RunConfig) -> Reference:
+def reference_engine(cfg: RunConfig, dataset: Any = None) -> Reference:
     """The in-process reference engine (one thread, as each cluster process) on ``cfg``:
     rounds/s after round 0, as the cluster's summary counts them (round 0 carries the
     kernels' warm-up: most of a second), and CPU (``time.process_time()``) per round
@@ -247,7 +268,7 @@ def reference_engine(cfg: RunConfig) -> Reference:
     there are not more rounds)."""
     torch.set_num_threads(1)
     attack = AttackConfig().validate(cfg)
-    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    dataset = load_dataset(cfg.dataset, seed=cfg.seed) if dataset is None else dataset
     steady_from = STEADY_FROM if cfg.rounds > STEADY_FROM else 1
     wall: dict[int, float] = {}
     cpu: dict[int, float] = {}
@@ -461,6 +482,11 @@ def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, 
         min(workers, 2 * local_cores())]
     if any(not 1 <= w <= workers for w in teams):
         raise click.BadParameter(f"{worker_processes}: each W must be in 1..n={workers}")
+    ref_shards = 4 if any(s == 4 for s, _ in pairs) else pairs[0][0]
+    cfg = RunConfig(dataset=dataset, model=model, num_workers=workers, num_shards=ref_shards,
+                    rule=rule, rounds=rounds).validate()
+    ref_data = load_dataset(cfg.dataset, seed=cfg.seed)
+    references: list[Reference] = []
     runs: list[Measured] = []
     for method in start.split(","):
         for mode in modes:
@@ -471,17 +497,17 @@ def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, 
                             "--rule", rule, "--model", model, "--dataset", dataset,
                             "--rounds", str(rounds), "--no-evaluator", "--start", method,
                             *(["--insecure"] if mode == "insecure" else [])]
+                    label = f"S={s} P={p} W={w} {method} {mode}"
+                    click.echo(f"running the reference engine, then {label} ...", err=True)
+                    references.append(reference_engine(cfg, ref_data))
                     with tempfile.TemporaryDirectory() as tmp:
-                        label = f"S={s} P={p} W={w} {method} {mode}"
-                        click.echo(f"running {label} ...", err=True)
                         run = run_cluster(args, Path(tmp) / "run", label, s, p)
                     runs.append(replace(run, security=mode, start=method, workers=workers,
-                                        worker_processes=w))
-    ref_shards = 4 if any(s == 4 for s, _ in pairs) else pairs[0][0]
-    cfg = RunConfig(dataset=dataset, model=model, num_workers=workers, num_shards=ref_shards,
-                    rule=rule, rounds=rounds).validate()
-    click.echo("running the reference engine ...", err=True)
-    reference = reference_engine(cfg)
+                                        worker_processes=w, reference=references[-1]))
+    if len({r.digest for r in references}) != 1:
+        raise click.ClickException("the reference engine's runs ended with different "
+                                   "parameters: it is not deterministic")
+    reference = median_reference(references)
     _print_table(runs, reference)
     _print_identity(runs, reference)
     targets = _print_targets(runs, reference)
@@ -517,8 +543,9 @@ def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, 
         _print_d_table(scaling)
     if json_path:
         json_path.write_text(json.dumps({
-            "reference": asdict(reference),
+            "reference": asdict(reference),  # the median of the runs
             "reference_rounds_per_s": reference.rounds_per_s,
+            "reference_runs": [asdict(r) for r in references],
             "runs": [asdict(r) for r in runs],
             "targets": targets,
             "floors": [{"run": r.label, **asdict(f)} for r, f in floors],
@@ -560,7 +587,7 @@ def _print_floor_table(floors: list[tuple[Measured, Floor]], reference: Referenc
     click.echo("\nthe messaging floor (scripts/bench_floor.py): the same n, d, S, P, CURVE "
                "and message pattern (n*P round trips a round), workers and servers only "
                "spinning for the gradient and each shard's aggregation measured alone")
-    click.echo("| run | rounds/s | floor rounds/s | / floor | floor / reference | CPU per "
+    click.echo("| run | rounds/s | floor rounds/s | / floor | floor / median reference | CPU per "
                "round: cluster / floor | gradient / aggregation alone |")
     click.echo("|---|---|---|---|---|---|---|")
     for r, f in floors:
@@ -612,20 +639,24 @@ def _print_targets(runs: list[Measured], reference: Reference) -> dict:
         if at4 and reference.shards == 4:
             best = max(at4, key=lambda r: r.rounds_per_s)
             goal = 0.6 if mode == "keys" else 0.9
-            ratio = best.rounds_per_s / reference.rounds_per_s
+            ratio = best.to_reference()
+            median = best.rounds_per_s / reference.rounds_per_s
             targets[f"{mode}: S=4 best P / reference"] = ratio
+            targets[f"{mode}: S=4 best P / median reference"] = median
             targets[f"{mode}: S=4 best P"] = best.processes
             targets[f"{mode}: S=4 best W"] = best.worker_processes
             lines.append(f"{mode}: rounds/s at S=4 (best P={best.processes}, "
-                         f"W={best.worker_processes}) / reference engine = {ratio:.2f} "
-                         f"(target >= {goal})")
-            if best.cpu_s_per_round is not None:
-                cpu = best.cpu_s_per_round / reference.cpu_s_per_round
+                         f"W={best.worker_processes}) / reference engine beside it = "
+                         f"{best.rounds_per_s:.1f} / {best.reference.rounds_per_s:.1f} = "  # type: ignore[union-attr]
+                         f"{ratio:.2f} (target >= {goal}; / the median reference: "
+                         f"{median:.2f})")
+            cpu = best.cpu_to_reference()
+            if cpu is not None:
                 targets[f"{mode}: S=4 best P CPU per round / reference"] = cpu
                 lines.append(f"{mode}: CPU per round at S=4 (P={best.processes}, "
-                             f"W={best.worker_processes}) / reference "
-                             f"engine = {best.cpu_s_per_round:.3f} / "
-                             f"{reference.cpu_s_per_round:.3f} s = {cpu:.2f}")
+                             f"W={best.worker_processes}) / reference engine beside it = "
+                             f"{best.cpu_s_per_round:.3f} / "
+                             f"{best.reference.cpu_s_per_round:.3f} s = {cpu:.2f}")  # type: ignore[union-attr]
     if lines:
         click.echo("\nthe targets, as ratios of this run (" + runs[0].start + "):")
         for line in lines:
@@ -637,8 +668,8 @@ def _print_table(runs: list[Measured], reference: Reference) -> None:
     click.echo("")
     click.echo("| run | launch to end of round 0 | imports / kernels / dataset in the "
                "launcher | servers ready / all started | steady rounds/s | / reference "
-               "| CPU-s per round, all processes | / reference | peak PSS, all processes | "
-               "MB/s in per server process |")
+               "beside it | CPU-s per round, all processes | / reference beside it | peak "
+               "PSS, all processes | MB/s in per server process |")
     click.echo("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         prep = r.startup.get("prepare", {})
@@ -647,14 +678,17 @@ def _print_table(runs: list[Measured], reference: Reference) -> None:
         click.echo(f"| {r.label} | {r.launch_to_round0_s:.2f} s | {prepared} | "
                    f"{r.startup.get('servers_ready_s', 0):.2f} / "
                    f"{r.startup.get('all_started_s', 0):.2f} s | {r.rounds_per_s:.1f} | "
-                   f"{r.rounds_per_s / reference.rounds_per_s:.2f} | "
-                   f"{_cpu(r.cpu_s_per_round)} | "
-                   f"{_ratio(r.cpu_s_per_round, reference.cpu_s_per_round)} | "
+                   f"{r.to_reference():.2f} | {_cpu(r.cpu_s_per_round)} | "
+                   f"{_ratio(r.cpu_s_per_round, r.reference.cpu_s_per_round)} | "  # type: ignore[union-attr]
                    f"{r.peak_pss_mb / 1024:.2f} GB | "
                    f"{r.bytes_in_per_s_per_server / 1e6:.0f} |")
-    click.echo(f"| reference engine (1 process, 1 thread, S={reference.shards}) | - | - | - | "
-               f"{reference.rounds_per_s:.1f} | 1.00 | {reference.cpu_s_per_round:.3f} | "
-               f"1.00 | - | - |")
+    beside = [r.reference for r in runs]
+    low = min(b.rounds_per_s for b in beside)  # type: ignore[union-attr]
+    high = max(b.rounds_per_s for b in beside)  # type: ignore[union-attr]
+    click.echo(f"| reference engine (1 process, 1 thread, S={reference.shards}): the median "
+               f"of {len(beside)} runs, one just before each cluster run ({low:.1f} to "
+               f"{high:.1f} rounds/s) | - | - | - | {reference.rounds_per_s:.1f} | 1.00 | "
+               f"{reference.cpu_s_per_round:.3f} | 1.00 | - | - |")
     if any(r.cpu_s_per_round is None for r in runs):
         click.echo(f"(CPU -: fewer than two samples, every {SAMPLE_S:g} s, fell between round "
                    f"{STEADY_FROM} and the last: run more rounds)")
