@@ -30,6 +30,7 @@ reference engine, measured in one run and printed as one table per topic:
     python3 scripts/bench_cluster.py --n-scaling 20,50,100  # + scaling in n (S=4, keys)
     python3 scripts/bench_cluster.py --layouts 4:2 --rounds 15 --no-floor  # a quick check
     python3 scripts/bench_cluster.py --layouts 4:2 --worker-processes 20,2  # W=n against 2
+    python3 scripts/bench_cluster.py --repeats 3     # each layout 3 times: the medians
 
 Every layout runs once per security mode (``--security keys,insecure``, the default:
 each layout with keys, then each without; ``--insecure`` is short for ``--security
@@ -38,8 +39,10 @@ layout's S if none has 4) runs just before each cluster run, in this process, an
 run's ratios are to the reference run beside it: this machine's speed drifts by a third
 from minute to minute (a shared VM), which a single reference run would put into every
 ratio; the table also gives the reference runs' median and range, and the targets the
-ratio to that median. The final parameters of every S=4 run must be bit-identical to
-the reference engine's.
+ratio to that median. With ``--repeats R`` every layout runs R times (all layouts in
+turn, then again), each after its own reference run, and the tables give each layout's
+medians: a single run of a layout lands anywhere in a band of about 15%. The final
+parameters of every S=4 run must be bit-identical to the reference engine's.
 
 Scaling in n (``--n-scaling``): the cluster with each n at S=4 on ``--n-processes``
 server processes, with keys, on ``--n-dataset`` (Fashion-MNIST) for ``--n-rounds`` rounds:
@@ -118,6 +121,24 @@ def median_reference(runs: list[Reference]) -> Reference:
     """The reference runs' median rounds/s and CPU per round (their digest: all equal)."""
     return Reference(runs[0].shards, statistics.median(r.rounds_per_s for r in runs),
                      statistics.median(r.cpu_s_per_round for r in runs), runs[0].digest)
+
+
+def median_run(repeated: list[Measured]) -> Measured:
+    """One layout's repeated runs as one: the medians of its rounds/s, CPU per round, peak
+    PSS and launch time, against the medians of the reference runs beside them."""
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    first = repeated[0]
+    beside = median_reference([r.reference for r in repeated])  # type: ignore[misc]
+    return replace(
+        first, rounds_per_s=median([r.rounds_per_s for r in repeated]),
+        cpu_s_per_round=median([r.cpu_s_per_round for r in repeated]),
+        peak_pss_mb=median([r.peak_pss_mb for r in repeated]),
+        launch_to_round0_s=median([r.launch_to_round0_s for r in repeated]),
+        bytes_in_per_s_per_server=median([r.bytes_in_per_s_per_server for r in repeated]),
+        reference=beside, extra={**first.extra, "repeats": [asdict(r) for r in repeated]})
 
 
 @dataclass
@@ -449,6 +470,9 @@ def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
 @click.option("--worker-processes", "worker_processes", default="", help="Run every layout "
               "with each of these numbers W of worker processes, comma-separated (n: one "
               "per worker). Default: ps-cluster's default, min(n, 2 x cores).")
+@click.option("--repeats", default=1, type=click.IntRange(min=1), help="Run every layout "
+              "this many times (all layouts in turn, then again), each after its own "
+              "reference run; the tables give each layout's medians.")
 @click.option("--no-floor", is_flag=True, help="Skip the messaging floor (a quick check).")
 @click.option("--floor-rounds", default=200, type=int, help="Timed rounds of each messaging "
               "floor (after 20 of warm-up).")
@@ -467,7 +491,7 @@ def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
 def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, dataset: str,
          rounds: int, start: str, security: str, insecure: bool, worker_processes: str,
-         no_floor: bool,
+         repeats: int, no_floor: bool,
          floor_rounds: int, d_models: str, d_rounds: int, d_processes: int, n_scaling: str,
          n_rounds: int, n_dataset: str, n_processes: int, json_path: Path | None) -> None:
     pairs = parse_layouts(layouts, shards)
@@ -487,29 +511,30 @@ def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, 
                     rule=rule, rounds=rounds).validate()
     ref_data = load_dataset(cfg.dataset, seed=cfg.seed)
     references: list[Reference] = []
-    runs: list[Measured] = []
-    for method in start.split(","):
-        for mode in modes:
-            for s, p in pairs:
-                for w in teams:
-                    args = ["--workers", str(workers), "--shards", str(s),
-                            "--server-processes", str(p), "--worker-processes", str(w),
-                            "--rule", rule, "--model", model, "--dataset", dataset,
-                            "--rounds", str(rounds), "--no-evaluator", "--start", method,
-                            *(["--insecure"] if mode == "insecure" else [])]
-                    label = f"S={s} P={p} W={w} {method} {mode}"
-                    click.echo(f"running the reference engine, then {label} ...", err=True)
-                    references.append(reference_engine(cfg, ref_data))
-                    with tempfile.TemporaryDirectory() as tmp:
-                        run = run_cluster(args, Path(tmp) / "run", label, s, p)
-                    runs.append(replace(run, security=mode, start=method, workers=workers,
-                                        worker_processes=w, reference=references[-1]))
+    every: list[Measured] = []  # each repeat's runs, all layouts in turn
+    for repeat, method, mode, (s, p), w in itertools.product(
+            range(repeats), start.split(","), modes, pairs, teams):
+        args = ["--workers", str(workers), "--shards", str(s),
+                "--server-processes", str(p), "--worker-processes", str(w),
+                "--rule", rule, "--model", model, "--dataset", dataset,
+                "--rounds", str(rounds), "--no-evaluator", "--start", method,
+                *(["--insecure"] if mode == "insecure" else [])]
+        label = f"S={s} P={p} W={w} {method} {mode}"
+        click.echo(f"running the reference engine, then {label} (repeat "
+                   f"{repeat + 1} of {repeats}) ...", err=True)
+        references.append(reference_engine(cfg, ref_data))
+        with tempfile.TemporaryDirectory() as tmp:
+            run = run_cluster(args, Path(tmp) / "run", label, s, p)
+        every.append(replace(run, security=mode, start=method, workers=workers,
+                             worker_processes=w, reference=references[-1]))
     if len({r.digest for r in references}) != 1:
         raise click.ClickException("the reference engine's runs ended with different "
                                    "parameters: it is not deterministic")
     reference = median_reference(references)
-    _print_table(runs, reference)
-    _print_identity(runs, reference)
+    runs = [median_run([r for r in every if r.label == label])
+            for label in dict.fromkeys(r.label for r in every)]
+    _print_table(runs, reference, references)
+    _print_identity(every, reference)
     targets = _print_targets(runs, reference)
     floors: list[tuple[Measured, Floor]] = []
     if not no_floor:
@@ -664,8 +689,13 @@ def _print_targets(runs: list[Measured], reference: Reference) -> dict:
     return targets
 
 
-def _print_table(runs: list[Measured], reference: Reference) -> None:
+def _print_table(runs: list[Measured], reference: Reference,
+                 references: list[Reference]) -> None:
     click.echo("")
+    repeats = len(references) // len(runs)
+    if repeats > 1:
+        click.echo(f"(each run: the medians of {repeats} runs, and of the reference runs "
+                   "beside them)")
     click.echo("| run | launch to end of round 0 | imports / kernels / dataset in the "
                "launcher | servers ready / all started | steady rounds/s | / reference "
                "beside it | CPU-s per round, all processes | / reference beside it | peak "
@@ -682,11 +712,10 @@ def _print_table(runs: list[Measured], reference: Reference) -> None:
                    f"{_ratio(r.cpu_s_per_round, r.reference.cpu_s_per_round)} | "  # type: ignore[union-attr]
                    f"{r.peak_pss_mb / 1024:.2f} GB | "
                    f"{r.bytes_in_per_s_per_server / 1e6:.0f} |")
-    beside = [r.reference for r in runs]
-    low = min(b.rounds_per_s for b in beside)  # type: ignore[union-attr]
-    high = max(b.rounds_per_s for b in beside)  # type: ignore[union-attr]
+    low = min(b.rounds_per_s for b in references)
+    high = max(b.rounds_per_s for b in references)
     click.echo(f"| reference engine (1 process, 1 thread, S={reference.shards}): the median "
-               f"of {len(beside)} runs, one just before each cluster run ({low:.1f} to "
+               f"of {len(references)} runs, one just before each cluster run ({low:.1f} to "
                f"{high:.1f} rounds/s) | - | - | - | {reference.rounds_per_s:.1f} | 1.00 | "
                f"{reference.cpu_s_per_round:.3f} | 1.00 | - | - |")
     if any(r.cpu_s_per_round is None for r in runs):
