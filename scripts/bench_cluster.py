@@ -123,24 +123,6 @@ def median_reference(runs: list[Reference]) -> Reference:
                      statistics.median(r.cpu_s_per_round for r in runs), runs[0].digest)
 
 
-def median_run(repeated: list[Measured]) -> Measured:
-    """One layout's repeated runs as one: the medians of its rounds/s, CPU per round, peak
-    PSS and launch time, against the medians of the reference runs beside them."""
-    def median(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else None
-
-    first = repeated[0]
-    beside = median_reference([r.reference for r in repeated])  # type: ignore[misc]
-    return replace(
-        first, rounds_per_s=median([r.rounds_per_s for r in repeated]),
-        cpu_s_per_round=median([r.cpu_s_per_round for r in repeated]),
-        peak_pss_mb=median([r.peak_pss_mb for r in repeated]),
-        launch_to_round0_s=median([r.launch_to_round0_s for r in repeated]),
-        bytes_in_per_s_per_server=median([r.bytes_in_per_s_per_server for r in repeated]),
-        reference=beside, extra={**first.extra, "repeats": [asdict(r) for r in repeated]})
-
-
 @dataclass
 class Measured:
     """One cluster run's figures."""
@@ -172,6 +154,24 @@ class Measured:
         if self.cpu_s_per_round is None:
             return None
         return self.cpu_s_per_round / self.reference.cpu_s_per_round  # type: ignore[union-attr]
+
+
+def median_run(repeated: list[Measured]) -> Measured:
+    """One layout's repeated runs as one: the medians of its rounds/s, CPU per round, peak
+    PSS and launch time, against the medians of the reference runs beside them."""
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    first = repeated[0]
+    beside = median_reference([r.reference for r in repeated])  # type: ignore[misc]
+    return replace(
+        first, rounds_per_s=median([r.rounds_per_s for r in repeated]),
+        cpu_s_per_round=median([r.cpu_s_per_round for r in repeated]),
+        peak_pss_mb=median([r.peak_pss_mb for r in repeated]),
+        launch_to_round0_s=median([r.launch_to_round0_s for r in repeated]),
+        bytes_in_per_s_per_server=median([r.bytes_in_per_s_per_server for r in repeated]),
+        reference=beside, extra={**first.extra, "repeats": [asdict(r) for r in repeated]})
 
 
 def pss_mb(pid: int) -> float:
