@@ -7,6 +7,13 @@ round, one deadline, one participation for the process. Each shard keeps everyth
 else of its own, exactly as a shard alone in its process: its ``ShardState`` (the
 parameters, the rule and its state, seeded by its own index), its metrics line and its
 checkpoint file. A process hosting one shard is a group of one.
+
+With a coordinate-wise defence (MarMed, MeaMed, trimmed mean; no pre-aggregation step:
+``Defence.coordinatewise``), the hosted shards receive their rows into one (n, length)
+matrix, a push is one copy, and a round is one rule call over all of them, whose
+column blocks are, bit for bit, what each shard's own call would give: a process of
+five shards aggregates as fast as one of a shard five times as wide. Any other defence
+(Krum, a seeded pre-aggregator, a stateful rule) aggregates each shard on its own.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import numpy as np
 from common.config import RunConfig
 from common.protocol import Message
 from common.pushes import PushWindow, check_push
+from common.rules.defence import Defence
+from common.rules.pre import RoundContext
 from common.sharding import ServerSlices
-from server.shard import RoundMetrics, ShardState
+from server.shard import RoundMetrics, ShardState, aggregate_rows
 
 
 class ShardGroup:
@@ -32,9 +41,17 @@ class ShardGroup:
         self.first = self.shards[0]  # the process's name: server-<first>, proxy-<first>
         self.d = initial.size
         self.size = self.slices.length
-        self.states = [ShardState(cfg, s, initial[a:b])
-                       for s, (a, b) in zip(self.shards, self.slices.ranges, strict=True)]
         self.offsets = self.slices.offsets
+        widths = [b - a for a, b in self.slices.ranges]
+        self.blocks = [(at, at + w) for at, w in zip(self.offsets, widths, strict=True)]
+        # one matrix for all the hosted shards' rows, aggregated in one call (None: each
+        # shard its own matrix and call)
+        self.grads = (np.empty((cfg.num_workers, self.size), dtype=np.float32)
+                      if len(self.shards) > 1 and Defence(cfg).coordinatewise else None)
+        self.states = [ShardState(cfg, s, initial[a:b],
+                                  None if self.grads is None else self.grads[:, lo:hi])
+                       for s, (a, b), (lo, hi) in zip(self.shards, self.slices.ranges,
+                                                       self.blocks, strict=True)]
 
     # The round-level view: every hosted shard is at the same round with the same rows
     # (a round steps all of them or none, ``step``).
@@ -79,12 +96,15 @@ class ShardGroup:
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
                             current=first.round, oldest=first.round, newest=first.round)
         check_push(window, round_, worker, length, first.finished, first.received)
-        rows = [state.grads[worker] for state in self.states]
+        rows = ([self.grads[worker]] if self.grads is not None
+                else [state.grads[worker] for state in self.states])
         if message:
             values.tensor_into(*rows)  # type: ignore[union-attr]
         else:
-            for row, offset in zip(rows, self.offsets, strict=True):
-                row[:] = values[offset:offset + row.size]  # type: ignore[index]
+            at = 0
+            for row in rows:
+                row[:] = values[at:at + row.size]  # type: ignore[index]
+                at += row.size
         for state in self.states:
             state.received[worker] = True
             state.pushes += 1
@@ -94,6 +114,13 @@ class ShardGroup:
         raises (``RuleError`` for rows it cannot take, or a bug), the rule states of the
         shards aggregated before it are put back and the round stays open on all of them;
         (shard, metrics) of each."""
+        if self.grads is not None:  # one call for all (a coordinate-wise defence: no state)
+            first = self.states[0]
+            done = aggregate_rows(first.defence, self.grads, first.received, first.pushes,
+                                  RoundContext(self.cfg.seed, first.round, first.shard),
+                                  self.blocks)
+            return [(state.shard, state.commit(part))
+                    for state, part in zip(self.states, done, strict=True)]
         saved = [{k: np.array(v, copy=True) for k, v in state.defence.state.items()}
                  for state in self.states]
         done = []

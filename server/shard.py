@@ -57,19 +57,52 @@ class Aggregated:
     mask: np.ndarray  # the workers aggregated
     elapsed_ms: float
     nonfinite: int  # non-finite values among the rows
+    info: dict  # what the defence said of the round (``Defence.last_info``)
+    workers: list[int]  # the worker ids aggregated, ascending (``mask``'s)
+    missing: list[int]  # the others
+
+
+def aggregate_rows(defence: Defence, grads: np.ndarray, received: np.ndarray, rows: int,
+                   context: RoundContext,
+                   blocks: list[tuple[int, int]]) -> list[Aggregated]:
+    """Aggregate the ``rows`` received rows of ``grads`` (all, or those ``received`` at a
+    deadline) with ``defence``, without applying it; one ``Aggregated`` per column block
+    of ``blocks``: its slice of the aggregate, its non-finite inputs, its share (by
+    width) of the time. Several blocks are a process's shards aggregated in one call,
+    which only a ``coordinatewise`` defence may take. ``RuleError`` if the rule cannot
+    take the rows."""
+    mask = received.copy()
+    defence.for_rows(rows)  # built (or RuleError) before the clock starts
+    started = time.perf_counter()
+    taken = grads if rows == grads.shape[0] else grads[mask]
+    aggregate = defence(torch.from_numpy(taken), context).numpy()
+    elapsed_ms = (time.perf_counter() - started) * 1e3
+    finite = np.isfinite(taken)
+    everywhere = np.count_nonzero(finite) == finite.size  # (counted per block if not)
+    width = grads.shape[1]
+    workers, missing = np.flatnonzero(mask).tolist(), np.flatnonzero(~mask).tolist()
+    return [Aggregated(aggregate[a:b], mask, elapsed_ms * (b - a) / width,
+                       0 if everywhere else
+                       int(taken.shape[0] * (b - a) - np.count_nonzero(finite[:, a:b])),
+                       defence.last_info, workers, missing) for a, b in blocks]
 
 
 class ShardState:
     """Parameters of shard ``shard`` and the gradients received for the current round."""
 
-    def __init__(self, cfg: RunConfig, shard: int, initial: np.ndarray) -> None:
+    def __init__(self, cfg: RunConfig, shard: int, initial: np.ndarray,
+                 grads: np.ndarray | None = None) -> None:
+        """``grads``: where the (n, size) rows of a round are received (a process's
+        shards aggregated in one call share one matrix, ``server/group.py``); by default
+        a matrix of the shard's own."""
         self.cfg = cfg
         self.shard = shard
         self.defence = Defence(cfg)
         self.params = np.array(initial, dtype=np.float32, copy=True)
         self.size = self.params.size
         self.round = 0
-        self.grads = np.empty((cfg.num_workers, self.size), dtype=np.float32)
+        self.grads = (np.empty((cfg.num_workers, self.size), dtype=np.float32)
+                      if grads is None else grads)
         self.received = np.zeros(cfg.num_workers, dtype=bool)
         self.pushes = 0  # rows of the current round received so far (count of received)
         self.history: dict[int, np.ndarray] = {0: self.params}
@@ -180,16 +213,9 @@ class ShardState:
         """The round's aggregate, computed but not applied (``commit`` applies it): the
         rule's state moves on, the parameters and the round do not. ``RuleError`` if the
         rule cannot take the rows."""
-        mask = self.received.copy()
-        rows = self.pushes
-        self.defence.for_rows(rows)  # built (or RuleError) before the clock starts
-        started = time.perf_counter()
-        grads = self.grads if rows == self.cfg.num_workers else self.grads[mask]
         context = RoundContext(self.cfg.seed, self.round, self.shard)
-        aggregate = self.defence(torch.from_numpy(grads), context).numpy()
-        elapsed_ms = (time.perf_counter() - started) * 1e3
-        nonfinite = int(grads.size - np.count_nonzero(np.isfinite(grads)))
-        return Aggregated(aggregate, mask, elapsed_ms, nonfinite)
+        return aggregate_rows(self.defence, self.grads, self.received, self.pushes, context,
+                              [(0, self.size)])[0]
 
     def commit(self, done: Aggregated) -> RoundMetrics:
         """Apply x <- x - lr * Aggr of ``aggregate`` and advance the round."""
@@ -201,9 +227,9 @@ class ShardState:
             aggregation_ms=done.elapsed_ms + (time.perf_counter() - started) * 1e3,
             nonfinite_values=done.nonfinite,
             params_finite=bool(np.isfinite(self.params).all()),
-            rule_info=self.defence.last_info,
-            workers=np.flatnonzero(mask).tolist(),
-            missing=np.flatnonzero(~mask).tolist(),
+            rule_info=done.info,
+            workers=done.workers,
+            missing=done.missing,
         )
         self.participation[self.round] = mask
         self.participation.pop(self.round - HISTORY_ROUNDS, None)

@@ -220,6 +220,12 @@ class Rule(Step):
     """
 
     stateful: ClassVar[bool] = False
+    # Output coordinate j is computed from column j of G alone, the same bit for bit
+    # whatever the other columns: aggregating a matrix's column blocks one by one gives
+    # the blocks of aggregating it whole, so a server process aggregates the shards it
+    # hosts in one call (``server/group.py``). The mean is coordinate-wise in exact
+    # arithmetic, but torch's vectorised sum rounds with the width: not marked.
+    coordinatewise: ClassVar[bool] = False
 
     @classmethod
     def default_q(cls, n: int) -> int:

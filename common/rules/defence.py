@@ -67,18 +67,30 @@ def probe_defence(cfg: RunConfig, width: int = 64) -> None:
     """Aggregate a seeded (n, ``width``) matrix with a fresh defence of ``cfg`` (the
     chain and the rule): its kernels compiled or loaded, and a rule that raises or
     returns anything but (width,) float32 (a broken plugin) refused at start with one
-    line, ``ConfigError``, instead of at every round."""
+    line, ``ConfigError``, instead of at every round; so is a rule that declares itself
+    ``coordinatewise`` and gives other values for the matrix's column blocks."""
     import torch
 
 
     rows = np.random.default_rng(0).standard_normal((cfg.num_workers, width),
                                                     dtype=np.float32)
+    defence = Defence(cfg)
     try:
-        Defence(cfg)(torch.from_numpy(rows), RoundContext(cfg.seed))
+        whole = defence(torch.from_numpy(rows), RoundContext(cfg.seed)).numpy()
+        if defence.coordinatewise:
+            cut = width // 3
+            blocks = [defence(torch.from_numpy(np.ascontiguousarray(rows[:, a:b])),
+                              RoundContext(cfg.seed)).numpy() for a, b in ((0, cut),
+                                                                           (cut, width))]
     except Exception as exc:  # a user's rule: whatever it raises is a refusal
         raise ConfigError(f"--rule {cfg.rule} (--pre {cfg.pre or 'none'}) fails on a "
                           f"test matrix of {cfg.num_workers} rows: {type(exc).__name__}: "
                           f"{exc}") from None
+    if defence.coordinatewise and not np.array_equal(whole, np.concatenate(blocks)):
+        raise ConfigError(f"--rule {cfg.rule} declares itself coordinate-wise, but a test "
+                          f"matrix's column blocks aggregated one by one differ from it "
+                          f"aggregated whole: a server process of several shards would "
+                          f"give other results than the reference (drop coordinatewise)")
 
 
 def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:
@@ -127,6 +139,13 @@ class Defence:
     @property
     def stateful(self) -> bool:
         return self.rule.stateful
+
+    @property
+    def coordinatewise(self) -> bool:
+        """The defence aggregates each coordinate from its own column alone, whatever the
+        width (a coordinate-wise rule, no pre-aggregation step, no state): a matrix's
+        column blocks aggregated one by one give the blocks of it aggregated whole."""
+        return self.rule.coordinatewise and not self.chain and not self.rule.stateful
 
     def for_rows(self, rows: int) -> tuple[Chain, Rule]:
         """The chain for ``rows`` rows and the rule for what it leaves (built once);

@@ -34,6 +34,7 @@ class MarMed(Rule):
 
     name = "marmed"
     summary = "coordinate-wise median"
+    coordinatewise = True
 
     def aggregate(self, G: torch.Tensor) -> np.ndarray:
         return coordinate_median(G)

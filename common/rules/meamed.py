@@ -32,6 +32,7 @@ class MeaMed(Rule):
 
     name = "meamed"
     summary = "per coordinate, mean of the n-q values nearest the median"
+    coordinatewise = True
     needs = "q <= ceil(n/2)-1"
     precondition = staticmethod(lambda n, q: q <= median_bound(n))
 

@@ -26,6 +26,7 @@ class TrimmedMean(Rule):
 
     name = "trimmed-mean"
     summary = "per coordinate, drop the q largest and q smallest, average the rest"
+    coordinatewise = True
     needs = "q <= ceil(n/2)-1"
     precondition = staticmethod(lambda n, q: q <= median_bound(n))  # n - 2q >= 1 remain
 

@@ -1,9 +1,11 @@
 """The checkpoints of a server process hosting several shards: one file per shard, and a
 round they all share to resume from.
 
-A process writes its shards' files one after the other, so one killed (or one whose
-disk filled) in between leaves some shards at the new round and the others at an older
-one. With more than one shard, each file's previous generation is kept
+A process writes and syncs its shards' new files first, then renames them over the
+old ones one after the other, so one killed in between leaves some shards at the new
+round and the others at an older one (a full disk fails before any rename: every
+shard stays at its round). With more than one shard, each file's previous generation
+is kept
 (``shard-<s>.prev.npz``, a hard link made before the new file replaces it), and only
 the file of the last round *every* shard was saved at (``complete``) ever becomes a
 previous generation: a file of a save that did not complete, or one left from before
@@ -24,7 +26,7 @@ from pathlib import Path
 from server.checkpoint.format import Checkpoint, CheckpointError, Expected
 from server.checkpoint.reader import load_checkpoint
 from server.checkpoint.run import checkpoint_path
-from server.checkpoint.writer import save_checkpoint
+from server.checkpoint.writer import checkpoint_parts, write_all_atomically
 
 
 def previous_path(out_dir: Path, shard: int) -> Path:
@@ -53,17 +55,22 @@ class GroupFiles:
                 previous_path(self.out_dir, shard).unlink()
 
     def save(self, ckpts: Sequence[Checkpoint]) -> None:
-        """Write every shard's checkpoint (atomically and durably, each), keeping as the
-        previous generation only a file of the last complete round; ``OSError`` if one
-        fails (the round is then not complete)."""
-        for ckpt in ckpts:
-            path = checkpoint_path(self.out_dir, ckpt.shard)
-            at = self.current.get(ckpt.shard)
-            if self.keep_previous and at is not None and at == self.complete:
-                _link_over(path, previous_path(self.out_dir, ckpt.shard))
-            self.current.pop(ckpt.shard, None)  # unknown until the new file is in
-            save_checkpoint(path, ckpt, key=self.keys[ckpt.shard])
-            self.current[ckpt.shard] = ckpt.round
+        """Write every shard's checkpoint, atomically and durably, all together
+        (``write_all_atomically``: one sync of the directory for all), keeping as the previous
+        generation only a file of the last complete round (linked before any file is
+        replaced); ``OSError`` if one fails (the round is then not complete)."""
+        paths = [checkpoint_path(self.out_dir, ckpt.shard) for ckpt in ckpts]
+
+        def keep_previous() -> None:
+            for ckpt, path in zip(ckpts, paths, strict=True):
+                at = self.current.pop(ckpt.shard, None)  # unknown until the new file is in
+                if self.keep_previous and at is not None and at == self.complete:
+                    _link_over(path, previous_path(self.out_dir, ckpt.shard))
+
+        write_all_atomically([(path, checkpoint_parts(ckpt, self.keys[ckpt.shard]))
+                              for ckpt, path in zip(ckpts, paths, strict=True)],
+                             keep_previous)
+        self.current.update((ckpt.shard, ckpt.round) for ckpt in ckpts)
         rounds = {ckpt.round for ckpt in ckpts}
         if len(rounds) == 1 and {c.shard for c in ckpts} == set(self.shards):
             self.complete = rounds.pop()
@@ -107,7 +114,9 @@ class GroupFiles:
 def _link_over(path: Path, target: Path) -> None:
     """``target`` becomes another name of ``path``'s file (replacing what it was)."""
     tmp = target.with_name(target.name + ".link.tmp")
-    with contextlib.suppress(FileNotFoundError):
+    try:
+        os.link(path, tmp)
+    except FileExistsError:  # left by a process killed here
         tmp.unlink()
-    os.link(path, tmp)
+        os.link(path, tmp)
     os.replace(tmp, target)

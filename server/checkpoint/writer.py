@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,38 +39,67 @@ def encode_checkpoint(ckpt: Checkpoint, key: bytes | None) -> bytes:
     return b"".join([head, seal.tag(key, head, arrays), *(a.tobytes() for a in arrays)])
 
 
-def save_checkpoint(path: Path, ckpt: Checkpoint, *, key: bytes | None) -> None:
-    """Write ``ckpt`` to ``path`` atomically and durably, tagged with ``key`` (None: an
-    unkeyed digest); ``OSError`` if it cannot, leaving no temporary file behind. The
+def checkpoint_parts(ckpt: Checkpoint, key: bytes | None) -> list[Any]:
+    """The buffers of ``ckpt``'s file, tagged with ``key`` (None: an unkeyed digest): its
     arrays are hashed and written where they are, never copied."""
     head, arrays = encode(ckpt, keyed=key is not None)
     views = [memoryview(a).cast("B") for a in arrays]
-    write_atomically(path, head, seal.tag(key, head, views), *views)
+    return [head, seal.tag(key, head, views), *views]
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint, *, key: bytes | None) -> None:
+    """Write ``ckpt`` to ``path`` atomically and durably, tagged with ``key`` (None: an
+    unkeyed digest); ``OSError`` if it cannot, leaving no temporary file behind."""
+    write_atomically(path, *checkpoint_parts(ckpt, key))
 
 
 def write_atomically(path: Path, *parts: Any) -> None:
     """``parts`` (buffers) into ``path``: a private temporary file of this writer's own
     in the same directory, fsynced, renamed over ``path``, the directory fsynced; the
     temporary file removed if anything fails."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    tmp = Path(name)
+    write_all_atomically([(path, parts)])
+
+
+def write_all_atomically(files: Sequence[tuple[Path, Sequence[Any]]],
+                         before_renames: Callable[[], None] = lambda: None) -> None:
+    """Each (path, parts) of ``files`` as :func:`write_atomically` writes one, together:
+    every temporary file written (a full disk fails here, before any file is replaced),
+    then each fsynced, ``before_renames()`` called, each renamed over its path in order,
+    and each directory fsynced once, not once per file. ``OSError`` if anything fails,
+    every temporary file not renamed then removed."""
+    temps: list[Path] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o600)
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        for path, parts in files:
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".",
+                                        suffix=".tmp")
+            temps.append(Path(name))
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o600)
+                for part in parts:
+                    f.write(part)
+        for tmp in temps:
+            _fsync(tmp)
+        before_renames()
+        for (path, _), tmp in zip(files, list(temps), strict=True):
+            os.replace(tmp, path)
+            temps.remove(tmp)  # renamed: never removed
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    for directory in dict.fromkeys(path.parent for path, _ in files):
+        _fsync(directory)
+
+
+def _fsync(path: Path) -> None:
+    """fsync the file or directory ``path`` (opened read-only: Linux syncs it all the
+    same)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
 
 
 class CheckpointWriter:

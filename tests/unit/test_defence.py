@@ -3,6 +3,7 @@ one place; the options rules and pre-aggregators declare as settings; the regist
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -187,3 +188,59 @@ def test_a_name_is_registered_once() -> None:
         ATTACKS.register(type("Nothing", (), {"name": NO_ATTACK}))
     del registry["tiny"]
     assert list(registry) == []
+
+
+# --------------------------------------------------------------------------- coordinate-wise
+
+
+@pytest.mark.parametrize("name", sorted(n for n in RULES if RULES[n].coordinatewise))
+@pytest.mark.parametrize(("n", "q"), [(20, 8), (7, 2), (4, 1)])
+def test_a_coordinate_wise_rule_gives_each_column_block_what_the_whole_gives(
+        name: str, n: int, q: int) -> None:
+    """What lets a process aggregate its shards in one call (``server/group.py``)."""
+    rng = np.random.default_rng(n)
+    rule = make_rule(name, n, q)
+    for width in (1, 5, 64, 1000, 4099):
+        G = (rng.standard_normal((n, width)) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
+        G[rng.random(G.shape) < 0.05] = np.nan
+        G[rng.random(G.shape) < 0.02] = np.inf
+        G[:, 0] = np.nan  # an all-NaN coordinate
+        cuts = sorted({0, width, *rng.integers(0, width, size=3).tolist()})
+        blocks = np.concatenate([rule(torch.from_numpy(np.ascontiguousarray(G[:, a:b])))
+                                 .numpy() for a, b in itertools.pairwise(cuts)])
+        np.testing.assert_array_equal(rule(torch.from_numpy(G)).numpy().view(np.int32),
+                                      blocks.view(np.int32))
+
+
+def test_the_paper_s_coordinate_wise_rules_are_aggregated_across_shards_in_one_call() -> None:
+    coordinatewise = {n for n in RULES if RULES[n].coordinatewise}
+    assert {"marmed", "meamed", "trimmed-mean"} <= coordinatewise
+    assert not coordinatewise & {"mean", "krum", "centered-clipping"}
+    cfg = RunConfig(dataset="synthetic", rule="marmed", q=2, num_workers=7)
+    assert Defence(cfg.validate()).coordinatewise
+    assert not Defence(RunConfig(dataset="synthetic", rule="marmed", q=2, num_workers=7,
+                                 pre="nnm").validate()).coordinatewise  # a mixing step
+
+
+def test_a_rule_that_claims_to_be_coordinate_wise_and_is_not_is_refused_at_start() -> None:
+    from common.rules.defence import probe_defence
+
+    class Centred(Rule):  # subtracts the mean of all coordinates: not per column
+        name = "centred-median"
+        summary = "a test's"
+        coordinatewise = True
+
+        def aggregate(self, G):
+            median = G.median(dim=0).values
+            return median - median.mean()
+
+    register_rule(Centred)
+    try:
+        cfg = RunConfig(dataset="synthetic", rule="centred-median", q=1).validate()
+        with pytest.raises(ConfigError, match="declares itself coordinate-wise, but a test "
+                                              "matrix's column blocks"):
+            probe_defence(cfg)
+        Centred.coordinatewise = False
+        probe_defence(cfg)  # honest, it runs (shard by shard)
+    finally:
+        del RULES["centred-median"]

@@ -192,6 +192,74 @@ def test_a_push_of_the_wrong_length_for_the_process_is_refused_and_stores_nothin
     assert core.state.pushes == 0 and not any(st.received.any() for st in core.state.states)
 
 
+def _run_rounds(core: ServerCore, cfg: RunConfig, rounds: int, values) -> None:
+    """Workers n-1..0 push ``values(worker, round)``'s slices of the process's shards
+    each round, except that the last worker misses round 1, which closes at its
+    deadline (fake clock) with the others (the worker is back first in round 2)."""
+    for w in range(cfg.num_workers):
+        core.handle(_incoming(Hello(role="worker", worker=w, config_hash=cfg.config_hash,
+                                    config=cfg.to_dict()), peer=b"w%d" % w), 0.0)
+    slices = core.state.slices
+    for t in range(rounds):
+        for w in reversed(range(cfg.num_workers - (t == 1))):  # the absent one first
+            g = values(w, t)
+            push = Push(round=t, worker=w, length=slices.length)
+            core.handle(_incoming(push, [g[a:b] for a, b in slices.spans], peer=b"w%d" % w),
+                        10.0 * t)
+        if t == 1:
+            core.tick(10.0 * t + 5.0)
+        assert core.state.round == t + 1
+
+
+@pytest.mark.parametrize(("rule", "pre", "one_call"), [
+    ("marmed", "", True), ("meamed", "", True), ("trimmed-mean", "", True),
+    ("mean", "", False),  # coordinate-wise, but torch's sum rounds with the width
+    ("krum", "", False), ("marmed", "nnm", False),  # a vector rule; a mixing step
+])
+def test_a_coordinate_wise_defence_aggregates_a_process_s_shards_in_one_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str, pre: str,
+        one_call: bool) -> None:
+    from common.rules.defence import Defence
+
+    cfg = RunConfig(dataset="synthetic", num_workers=6, num_shards=3, rule=rule, q=1,
+                    pre=pre, lr=0.5, rounds=3).validate()
+    options = {"round_timeout_s": 5.0, "quorum": 5}
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((cfg.rounds, cfg.num_workers, 10)).astype(np.float32)
+    table[0, 2, 5] = np.nan  # shard 1's coordinates only (and one infinity in shard 2)
+    table[2, 3, 8] = np.inf
+
+    calls = []
+    real = Defence.__call__
+
+    def counted(self, G, context):
+        calls.append(G.shape)
+        return real(self, G, context)
+
+    monkeypatch.setattr(Defence, "__call__", counted)
+    metrics = {s: JsonlWriter(tmp_path / f"server-{s}.jsonl") for s in range(3)}
+    group = ServerCore(cfg, ServerOptions(shard="0-2", **options), INITIAL, metrics)
+    _run_rounds(group, cfg, cfg.rounds, lambda w, t: table[t, w])
+    assert (group.state.grads is not None) is one_call
+    assert calls == ([(6, 10), (5, 10), (6, 10)] if one_call else
+                     [(6, 4), (6, 3), (6, 3), (5, 4), (5, 3), (5, 3), (6, 4), (6, 3), (6, 3)])
+    for s in range(3):  # each shard as it would be alone, bit for bit
+        alone = ServerCore(cfg, ServerOptions(shard=str(s), **options), INITIAL,
+                           {s: JsonlWriter(tmp_path / f"alone-{s}.jsonl")})
+        _run_rounds(alone, cfg, cfg.rounds, lambda w, t: table[t, w])
+        np.testing.assert_array_equal(group.state.states[s].params.view(np.int32),
+                                      alone.state.states[0].params.view(np.int32))
+        mine, theirs = (read_jsonl(tmp_path / f"{who}-{s}.jsonl") for who in ("server",
+                                                                             "alone"))
+        keys = ("round", "nonfinite_values", "params_finite", "rule_info", "workers",
+                "missing", "closed")
+        assert [{k: x[k] for k in keys} for x in mine] == [
+            {k: x[k] for k in keys} for x in theirs]
+    assert [x["nonfinite_values"] for x in read_jsonl(tmp_path / "server-1.jsonl")] == [
+        1, 0, 0]
+    assert [x["missing"] for x in read_jsonl(tmp_path / "server-0.jsonl")] == [[], [5], []]
+
+
 # -- the proxy in front of a process of several shards -----------------------------
 
 
@@ -322,24 +390,52 @@ def test_a_run_records_its_server_processes_so_a_resume_spreads_the_shards_alike
 
 def test_a_save_that_failed_part_way_never_becomes_the_previous_generation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.checkpoint import group as group_module
+    import os
 
     files = GroupFiles(tmp_path, (0, 1), {0: None, 1: None})
     files.save([_ckpt(0, 1), _ckpt(1, 1)])
-    real = group_module.save_checkpoint
+    real = os.replace
 
-    def disk_full_for_shard_1(path, ckpt, key):
-        if ckpt.shard == 1:
-            raise OSError(28, "No space left on device")
-        real(path, ckpt, key=key)
+    def shard_1_cannot_be_replaced(src, dst):
+        if Path(dst) == checkpoint_path(tmp_path, 1):
+            raise OSError(5, "Input/output error")
+        real(src, dst)
 
-    monkeypatch.setattr(group_module, "save_checkpoint", disk_full_for_shard_1)
+    monkeypatch.setattr(os, "replace", shard_1_cannot_be_replaced)
     with pytest.raises(OSError):
         files.save([_ckpt(0, 2), _ckpt(1, 2)])  # shard 0 at 2, shard 1 still at 1
-    monkeypatch.setattr(group_module, "save_checkpoint", real)
+    monkeypatch.setattr(os, "replace", real)
+    assert not list(tmp_path.glob("*.tmp"))  # shard 1's file of round 2 removed
     files.save([_ckpt(0, 3)])  # killed after shard 0's file of round 3
     # shard 0's round-2 file (of a save that did not complete) was not kept: round 1 was
     assert [(c.shard, c.round) for c in files.load(EXPECT)] == [(0, 1), (1, 1)]
+
+
+def test_a_save_that_cannot_write_a_file_replaces_none(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from server.checkpoint import writer
+
+    files = GroupFiles(tmp_path, (0, 1), {0: None, 1: None})
+    files.save([_ckpt(0, 1), _ckpt(1, 1)])
+    real = os.fchmod
+    opened = []
+
+    def disk_full_at_the_second_file(fd: int, mode: int) -> None:
+        opened.append(fd)
+        if len(opened) == 2:
+            raise OSError(28, "No space left on device")
+        real(fd, mode)
+
+    monkeypatch.setattr(writer.os, "fchmod", disk_full_at_the_second_file)
+    with pytest.raises(OSError, match="No space"):
+        files.save([_ckpt(0, 2), _ckpt(1, 2)])
+    monkeypatch.setattr(writer.os, "fchmod", real)
+    # every file is written before any replaces its checkpoint: both still at round 1
+    assert not list(tmp_path.glob("*.tmp"))
+    assert [(c.shard, c.round) for c in files.load(EXPECT)] == [(0, 1), (1, 1)]
+    assert not previous_path(tmp_path, 0).exists()
 
 
 def test_a_process_resumed_from_the_previous_generation_keeps_it_until_a_save_completes(
