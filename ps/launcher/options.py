@@ -48,8 +48,8 @@ class ClusterOptions:
         "each process named after its first shard: server-0, server-5, ...; a worker "
         "sends each one message per round for all its shards). Default: min(S, the "
         "cores here). On 2 cores, S=4 on 1 process is the fastest measured (scripts/"
-        "bench_cluster.py --repeats 3: 24.0 rounds/s with keys against 19.0 on 2 and 17.4 "
-        "on 4; 33.1 without against 29.6 and 22.0): give 1 there, unless a proxy corrupts "
+        "bench_cluster.py --repeats 3: 24.6 rounds/s with keys against 20.7 on 2 and 17.4 "
+        "on 4; 34.4 without against 28.3 and 22.9): give 1 there, unless a proxy corrupts "
         "a shard: it then relays every shard of its process (the gambler at S=20: 13-14 "
         "rounds/s on 1 process, 15-16 on 2). The results are the same for every P.",
         roles=(CLUSTER,), minimum=1)
