@@ -41,9 +41,9 @@ class ShardGroup:
         self.first = self.shards[0]  # the process's name: server-<first>, proxy-<first>
         self.d = initial.size
         self.size = self.slices.length
-        self.offsets = self.slices.offsets
-        widths = [b - a for a, b in self.slices.ranges]
-        self.blocks = [(at, at + w) for at, w in zip(self.offsets, widths, strict=True)]
+        # where each hosted shard lies in a message's values (and in ``grads``' columns)
+        self.blocks = [(at, at + b - a) for at, (a, b) in zip(self.slices.offsets,
+                                                              self.slices.ranges, strict=True)]
         # one matrix for all the hosted shards' rows, aggregated in one call (None: each
         # shard its own matrix and call)
         self.grads = (np.empty((cfg.num_workers, self.size), dtype=np.float32)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -68,29 +69,45 @@ def probe_defence(cfg: RunConfig, width: int = 64) -> None:
     chain and the rule): its kernels compiled or loaded, and a rule that raises or
     returns anything but (width,) float32 (a broken plugin) refused at start with one
     line, ``ConfigError``, instead of at every round; so is a rule that declares itself
-    ``coordinatewise`` and gives other values for the matrix's column blocks."""
+    ``coordinatewise`` and gives the column blocks of a test matrix (that one, and one
+    with NaN and infinities of a width no multiple of a vector's) other values than the
+    whole."""
     import torch
 
 
-    rows = np.random.default_rng(0).standard_normal((cfg.num_workers, width),
-                                                    dtype=np.float32)
-    defence = Defence(cfg)
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((cfg.num_workers, width), dtype=np.float32)
+    hostile = rng.standard_normal((cfg.num_workers, 2 * width + 22), dtype=np.float32)
+    hostile[rng.random(hostile.shape) < 0.05] = np.nan
+    hostile[rng.random(hostile.shape) < 0.03] = np.inf
     try:
-        whole = defence(torch.from_numpy(rows), RoundContext(cfg.seed)).numpy()
-        if defence.coordinatewise:
-            cut = width // 3
-            blocks = [defence(torch.from_numpy(np.ascontiguousarray(rows[:, a:b])),
-                              RoundContext(cfg.seed)).numpy() for a, b in ((0, cut),
-                                                                           (cut, width))]
+        defence = Defence(cfg)
+        defence(torch.from_numpy(rows), RoundContext(cfg.seed))
+        false_claim = defence.coordinatewise and (_blocks_differ(defence, rows)
+                                                  or _blocks_differ(defence, hostile))
     except Exception as exc:  # a user's rule: whatever it raises is a refusal
         raise ConfigError(f"--rule {cfg.rule} (--pre {cfg.pre or 'none'}) fails on a "
                           f"test matrix of {cfg.num_workers} rows: {type(exc).__name__}: "
                           f"{exc}") from None
-    if defence.coordinatewise and not np.array_equal(whole, np.concatenate(blocks)):
+    if false_claim:
         raise ConfigError(f"--rule {cfg.rule} declares itself coordinate-wise, but a test "
                           f"matrix's column blocks aggregated one by one differ from it "
                           f"aggregated whole: a server process of several shards would "
                           f"give other results than the reference (drop coordinatewise)")
+
+
+def _blocks_differ(defence: Defence, G: np.ndarray) -> bool:
+    """Whether ``defence`` gives matrix ``G`` other bits aggregated whole than in three
+    column blocks: a broken ``coordinatewise`` claim."""
+    import torch
+
+    context = RoundContext(defence.cfg.seed)
+    width = G.shape[1]
+    whole = defence(torch.from_numpy(G), context).numpy()
+    cuts = (0, width // 3, width // 2 + 1, width)
+    blocks = [defence(torch.from_numpy(np.ascontiguousarray(G[:, a:b])), context).numpy()
+              for a, b in itertools.pairwise(cuts)]
+    return not np.array_equal(whole.view(np.int32), np.concatenate(blocks).view(np.int32))
 
 
 def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:

@@ -5,8 +5,7 @@ A process writes and syncs its shards' new files first, then renames them over t
 old ones one after the other, so one killed in between leaves some shards at the new
 round and the others at an older one (a full disk fails before any rename: every
 shard stays at its round). With more than one shard, each file's previous generation
-is kept
-(``shard-<s>.prev.npz``, a hard link made before the new file replaces it), and only
+is kept (``shard-<s>.prev.npz``, a hard link made before the new file replaces it), and only
 the file of the last round *every* shard was saved at (``complete``) ever becomes a
 previous generation: a file of a save that did not complete, or one left from before
 a resume, is replaced, never kept. So at any moment every shard has a file of the last
@@ -63,9 +62,11 @@ class GroupFiles:
 
         def keep_previous() -> None:
             for ckpt, path in zip(ckpts, paths, strict=True):
-                at = self.current.pop(ckpt.shard, None)  # unknown until the new file is in
+                at = self.current.get(ckpt.shard)
                 if self.keep_previous and at is not None and at == self.complete:
                     _link_over(path, previous_path(self.out_dir, ckpt.shard))
+            for ckpt in ckpts:  # (a link that failed left them known: nothing replaced)
+                self.current.pop(ckpt.shard, None)  # unknown until the new file is in
 
         write_all_atomically([(path, checkpoint_parts(ckpt, self.keys[ckpt.shard]))
                               for ckpt, path in zip(ckpts, paths, strict=True)],

@@ -86,6 +86,10 @@ def test_a_node_without_the_plugin_refuses_to_start_with_one_line(home: Path) ->
      "    def aggregate(self, G):\n        return G\n",
      "fails on a test matrix of 5 rows: RuleError: rule bad returned (5, 64)"),
     ("raise RuntimeError('broken at import')\n", "RuntimeError: broken at import"),
+    ("from common.rules import Rule as R\nclass Rule(R):\n    name = 'bad'\n"
+     "    summary = 'cannot be built'\n"
+     "    def __init__(self, n, q, **options):\n        raise ValueError('no way')\n",
+     "fails on a test matrix of 5 rows: ValueError: no way"),
 ])
 def test_a_broken_plugin_is_refused_at_start(home: Path, body: str, needle: str) -> None:
     (home / "broken.py").write_text(body, encoding="utf-8")

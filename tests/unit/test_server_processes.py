@@ -34,7 +34,14 @@ from common.sharding import (
 from common.transport import Incoming
 from ps.proxy.core import ProxyCore
 from ps.proxy.corruption import ShardCorruptor
-from server.checkpoint import Checkpoint, Expected, GroupFiles, checkpoint_path, previous_path
+from server.checkpoint import (
+    Checkpoint,
+    Expected,
+    GroupFiles,
+    checkpoint_path,
+    load_checkpoint,
+    previous_path,
+)
 from server.core import ServerCore
 from server.options import ServerOptions
 from worker.core import ClientCore
@@ -434,8 +441,30 @@ def test_a_save_that_cannot_write_a_file_replaces_none(tmp_path: Path,
     monkeypatch.setattr(writer.os, "fchmod", real)
     # every file is written before any replaces its checkpoint: both still at round 1
     assert not list(tmp_path.glob("*.tmp"))
+    assert load_checkpoint(checkpoint_path(tmp_path, 0), key=None, expect=EXPECT[0]).round == 1
     assert [(c.shard, c.round) for c in files.load(EXPECT)] == [(0, 1), (1, 1)]
     assert not previous_path(tmp_path, 0).exists()
+
+
+def test_a_save_whose_link_failed_still_keeps_the_complete_round(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    files = GroupFiles(tmp_path, (0, 1), {0: None, 1: None})
+    files.save([_ckpt(0, 1), _ckpt(1, 1)])
+    files.save([_ckpt(0, 2), _ckpt(1, 2)])  # complete at 2; round 1 the previous
+    real = os.link
+
+    def no_space_for_a_link(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", no_space_for_a_link)
+    with pytest.raises(OSError, match="No space"):
+        files.save([_ckpt(0, 3), _ckpt(1, 3)])  # nothing replaced
+    monkeypatch.setattr(os, "link", real)
+    files.save([_ckpt(0, 4)])  # killed after shard 0's file of round 4
+    # shard 0's file of round 2 became its previous generation despite the failed save
+    assert [(c.shard, c.round) for c in files.load(EXPECT)] == [(0, 2), (1, 2)]
 
 
 def test_a_process_resumed_from_the_previous_generation_keeps_it_until_a_save_completes(
@@ -512,6 +541,26 @@ def test_a_round_steps_every_hosted_shard_or_none(caplog) -> None:
     core.tick(0.0)  # the round closes on both now, as if the failure never was
     alone = ServerCore(cc, ServerOptions(shard="0-1"), INITIAL)
     _drive_cfg(alone, cc, 2)
+    for st, other in zip(core.state.states, alone.state.states, strict=True):
+        assert st.round == 2 and np.array_equal(st.params, other.params)
+
+
+def test_a_round_aggregated_in_one_call_that_raises_stays_open_on_every_shard() -> None:
+    core = ServerCore(CFG, ServerOptions(shard="0-1"), INITIAL)
+    assert core.state.grads is not None  # MarMed: one call for both shards
+    _drive_cfg(core, CFG, 1)
+    before = [st.params.copy() for st in core.state.states]
+    first = core.state.states[0]
+    first.defence = _FailingOnShard(first.defence, fail=True)
+    _drive_cfg(core, CFG, 1, start=1)  # round 1's pushes: the one call raises
+    assert core.counters["internal"] >= 1
+    assert [st.round for st in core.state.states] == [1, 1]
+    assert all(np.array_equal(st.params, b) for st, b in zip(core.state.states, before,
+                                                             strict=True))
+    first.defence.fail = False
+    core.tick(0.0)
+    alone = ServerCore(CFG, ServerOptions(shard="0-1"), INITIAL)
+    _drive_cfg(alone, CFG, 2)
     for st, other in zip(core.state.states, alone.state.states, strict=True):
         assert st.round == 2 and np.array_equal(st.params, other.params)
 
