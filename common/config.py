@@ -46,6 +46,7 @@ from common.settings import (
     setting,
     take,
 )
+from common.wire import FLOAT32, WIRE_DTYPES
 
 RUN_CONFIG_FILE = "config.json"  # a run's settings and attack, in its output directory
 # the roles of a run's settings that a grid of runs (ps-experiment) takes too: those it
@@ -64,7 +65,8 @@ class RunConfig:
     """
 
     model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN; wide: "
-                         "an MLP of 10.6M parameters, for scaling benchmarks.",
+                         "an MLP of 10.6M parameters, for scaling benchmarks; resnet18: "
+                         "ResNet-18 with GroupNorm, 11.2M parameters (CIFAR-10).",
                          roles=RUN_AND_GRID, hashed=True, choices=lambda: tuple(MODELS))
     dataset: str = setting("fashion-mnist", "Training data; fashion-mnist is found at "
                            "Debian's /usr/share/datasets/fashion-mnist, the others read "
@@ -119,6 +121,12 @@ class RunConfig:
         "the Byzantine workers here to share the data among the honest ones, as ByzFL does. "
         "No effect with --partition iid.", roles=ROLES, hashed=True, hash_default=False,
         minimum=0)
+    wire_dtype: str = setting(
+        FLOAT32, "How workers send their vectors: float32, or bfloat16 (half the bytes; "
+        "each worker rounds its vector to nearest even, the servers widen it back exactly, "
+        "a proxy corrupts the decoded values and rounds what it forwards; the reference "
+        "engine rounds at the same point). Parameters always travel as float32.",
+        roles=ROLES, hashed=True, hash_default=False, choices=WIRE_DTYPES)
 
     def __post_init__(self) -> None:
         # the ids as they come from a peer's or a file's dict (a list) are the same setting

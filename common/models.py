@@ -11,6 +11,16 @@ Xie, Koyejo, Gupta, *Generalized Byzantine-tolerant SGD* (ICML 2018), Sec. 6:
 parameters on 28x28 inputs: the model ``scripts/bench_cluster.py --model wide`` measures
 the cluster with at large d.
 
+``resnet18`` (not the paper's) is ResNet-18 (He et al., 2016) in its CIFAR form: a 3x3
+first convolution of stride 1 and no max-pool, four stages of two basic blocks (64, 128,
+256, 512 channels), global average pooling, one linear layer; 11.2M parameters on
+CIFAR-10. Its normalisation is GroupNorm (Wu and He, 2018; 32 groups) instead of
+BatchNorm: the servers aggregate the parameters only, and BatchNorm's running means and
+variances are buffers that no worker would push and no server would average, so each
+worker's would drift apart from the model the servers hold. GroupNorm normalises each
+sample by itself and keeps no buffer. The pooling is a mean over the feature map (not
+``AdaptiveAvgPool2d``, whose CUDA backward has no deterministic implementation).
+
 All output logits; the softmax lives in the loss (cross-entropy). The paper does not name
 the activation (ReLU is the natural reading) nor the padding of the 64-channel convolutions
 (3x3 with padding 1 here, like the 32-channel ones).
@@ -102,6 +112,66 @@ def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     )
 
 
+_RESNET_WIDTHS = (64, 128, 256, 512)
+_GROUPS = 32  # GroupNorm's groups (Wu and He's default)
+
+
+def _norm(channels: int) -> nn.Module:
+    from torch import nn
+
+    return nn.GroupNorm(min(_GROUPS, channels), channels)
+
+
+def _basic_block(cin: int, cout: int, stride: int) -> nn.Module:
+    """ResNet's basic block: two 3x3 convolutions with a shortcut (a 1x1 convolution
+    where the shape changes)."""
+    import torch
+    from torch import nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.norm1 = _norm(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.norm2 = _norm(cout)
+            self.shortcut = (nn.Sequential() if stride == 1 and cin == cout else
+                             nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                           _norm(cout)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.relu(self.norm1(self.conv1(x)))
+            out = self.norm2(self.conv2(out))
+            return torch.relu(out + self.shortcut(x))
+
+    return BasicBlock()
+
+
+def _resnet18(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    from torch import nn
+
+    c = input_shape[0]
+
+    class ResNet18(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(c, _RESNET_WIDTHS[0], 3, 1, 1, bias=False),
+                                      _norm(_RESNET_WIDTHS[0]), nn.ReLU())
+            blocks, cin = [], _RESNET_WIDTHS[0]
+            for stage, cout in enumerate(_RESNET_WIDTHS):
+                for i in range(2):
+                    blocks.append(_basic_block(cin, cout, 2 if stage and not i else 1))
+                    cin = cout
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(cin, num_classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            features = self.blocks(self.stem(x))
+            return self.fc(features.mean(dim=(2, 3)))  # global average pooling
+
+    return ResNet18()
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A registered model: its name, a one-line summary and its builder (input shape,
@@ -125,6 +195,10 @@ register_model(ModelSpec("cnn", "the paper's CNN: 2x(conv 32) - pool - 2x(conv 6
 register_model(ModelSpec("wide", "not the paper's: fc 8192 - ReLU - fc 512 - ReLU - fc "
                          "classes (10.6M parameters on 28x28 inputs), to measure the cluster "
                          "at large d", _wide))
+register_model(ModelSpec("resnet18", "not the paper's: ResNet-18, CIFAR form (3x3 stem, no "
+                         "max-pool), GroupNorm instead of BatchNorm (the servers aggregate "
+                         "parameters only; no running statistics), 11.2M parameters on "
+                         "CIFAR-10", _resnet18))
 load_entry_points("models")  # installed packages' models (byzps.models)
 
 
@@ -221,14 +295,22 @@ def flatten_gradients(model: nn.Module) -> torch.Tensor:
 
 def share_flat_storage(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Make every parameter, and its ``.grad``, a view into one flat float32 vector each
-    (the layout of :func:`flatten_parameters`); returns (parameters, gradients), the
-    gradients zero. Backward accumulates into the gradient views: zero them (``.zero_()``,
-    never ``zero_grad``, which would drop the views) before each gradient."""
+    (the layout of :func:`flatten_parameters`), on the device the parameters are on;
+    returns (parameters, gradients), the gradients zero. Backward accumulates into the
+    gradient views: zero them (``.zero_()``, never ``zero_grad``, which would drop the
+    views) before each gradient. On the CPU the two vectors are numpy's (numpy asks the
+    kernel for huge pages for large arrays: a 42 MB vector faults in 21 pages, not
+    10,000)."""
     import torch
 
     d = num_parameters(model)
-    params = torch.empty(d, dtype=torch.float32)
-    grads = torch.zeros(d, dtype=torch.float32)
+    device = next(model.parameters()).device if d else torch.device("cpu")
+    if device.type == "cpu":
+        params = torch.from_numpy(np.empty(d, dtype=np.float32))
+        grads = torch.from_numpy(np.zeros(d, dtype=np.float32))
+    else:
+        params = torch.empty(d, dtype=torch.float32, device=device)
+        grads = torch.zeros(d, dtype=torch.float32, device=device)
     offset = 0
     with torch.no_grad():
         for p in model.parameters():

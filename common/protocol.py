@@ -6,7 +6,8 @@ A message is a list of ZeroMQ frames::
 
 The header is a msgpack map with the protocol version ``v``, the ``op`` code
 and the op's fields; tensors never travel inside msgpack and nothing is ever
-pickled. A tensor is little-endian float32, sent as one or more raw frames of
+pickled. A tensor is little-endian float32 (a PUSH's may be bfloat16, its ``dtype``:
+``common/wire.py``), sent as one or more raw frames of
 at most ``CHUNK_BYTES`` each (measured: frames above about 32 MB are slow, as each
 large allocation is a fresh mmap in glibc); the header states the element count and dtype and
 the decoder checks that the frames hold exactly that many bytes.
@@ -25,12 +26,16 @@ string, map or array longer than its bound (checked by msgpack as it decodes).
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
+
+from common.wire import BFLOAT16, FLOAT32, NUMPY_DTYPES, WIRE_DTYPES, from_bfloat16, to_bfloat16
+from common.wire import ITEM_BYTES as WIRE_ITEM_BYTES
 
 PROTOCOL_VERSION = 3
 DTYPE = "<f4"
@@ -78,6 +83,7 @@ class ErrorCode(str, enum.Enum):
     STALE_ROUND = "stale-round"
     DUPLICATE = "duplicate"
     WRONG_LENGTH = "wrong-length"
+    WRONG_DTYPE = "wrong-dtype"  # a push's values sent as another dtype than the run's
     FINISHED = "finished"
     UNEXPECTED = "unexpected"
     HELLO_FIRST = "hello-first"  # no session: say HELLO, then repeat the request
@@ -166,7 +172,8 @@ class Push:
     round exists: one exchange per shard and round instead of two. With ``bare_params``
     too, that PARAMS is ``bare``: a process running several workers asks for the values
     once, on one worker's push, since x^{round+1} is the same for all of them (a peer
-    that asks for bare replies only deprives itself).
+    that asks for bare replies only deprives itself). ``dtype``: how the values travel,
+    float32 or bfloat16 (the run's ``--wire-dtype``; decoded as float32).
     """
 
     op: ClassVar[Op] = Op.PUSH
@@ -175,6 +182,7 @@ class Push:
     length: int
     pull_next: bool = False
     bare_params: bool = False
+    dtype: str = FLOAT32
 
 
 @dataclass(frozen=True)
@@ -232,22 +240,33 @@ class Message:
     chunks: tuple[memoryview, ...] = ()
 
     def tensor(self) -> np.ndarray:
-        """The payload as a float32 array (zero-copy when it arrived as one frame);
-        ``ValueError`` for a bare PARAMS, which has none."""
+        """The payload as a float32 array (zero-copy when it arrived as one float32
+        frame; bfloat16 values widened into a new one); ``ValueError`` for a bare
+        PARAMS, which has none."""
         if not _carries_tensor(self.header):
             raise ValueError(f"a bare {self.header.op.name} carries no values")
+        if values_dtype(self.header) == BFLOAT16:
+            out = np.empty(_length(self.header), dtype=np.float32)
+            self.tensor_into(out)
+            return out
         return chunks_to_array(self.chunks, _length(self.header))
 
     def tensor_into(self, *outs: np.ndarray) -> None:
         """Copy the payload into ``outs``, 1-D float32 arrays filled one after the other
-        (one, or each shard's of a message carrying several), exactly its length."""
-        copy_chunks_into(self.chunks, *outs)
+        (one, or each shard's of a message carrying several), exactly its length;
+        bfloat16 values are widened on the way."""
+        if values_dtype(self.header) == BFLOAT16:
+            widen_chunks_into(self.chunks, *outs)
+        else:
+            copy_chunks_into(self.chunks, *outs)
 
 
 def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = None,
            ) -> list[Buffer]:
     """Frames for ``header`` (and the tensor of a PARAMS/PUSH message: an array, or a
-    sequence of arrays sent one after the other without copying, ``length`` in all)."""
+    sequence of arrays sent one after the other without copying, ``length`` in all). A
+    bfloat16 PUSH takes its values as bfloat16 bits (uint16, sent as they are) or as
+    float32 (rounded here, ``common.wire.to_bfloat16``)."""
     frames: list[Buffer] = [_header_frame(header)]
     if _carries_tensor(header):
         if tensor is None:
@@ -256,8 +275,11 @@ def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = No
         if sum(int(np.size(p)) for p in parts) != _length(header):
             raise ValueError(f"{header.op.name} announces {_length(header)} values, the "
                              f"tensor holds {sum(int(np.size(p)) for p in parts)}")
+        dtype = values_dtype(header)
         for part in parts:
-            frames.extend(array_to_chunks(part, int(np.size(part))))
+            if dtype == BFLOAT16 and np.asarray(part).dtype != np.uint16:
+                part = to_bfloat16(np.asarray(part, dtype=np.float32))
+            frames.extend(array_to_chunks(part, int(np.size(part)), NUMPY_DTYPES[dtype]))
     elif tensor is not None:
         raise ValueError(f"{'a bare ' * (header.op in _TENSOR_OPS)}{header.op.name} "
                          "carries no tensor")
@@ -269,16 +291,24 @@ def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
     the payload frames are shared, not encoded again (a push and its re-push differ in
     ``pull_next`` only). ``ValueError`` if ``header`` announces another length."""
     size = sum(memoryview(f).nbytes for f in frames[1:])
-    if not _carries_tensor(header) or size != _length(header) * ITEM_BYTES:
+    if not _carries_tensor(header) or size != _length(header) * _item_bytes(header):
         raise ValueError(f"{header.op.name} cannot take a payload of {size} bytes")
     return [_header_frame(header), *frames[1:]]
+
+
+_packers = threading.local()
 
 
 def _header_frame(header: Header) -> bytes:
     body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
     for name, *_ in _SCHEMAS[type(header)]:
         body[name] = getattr(header, name)
-    return msgpack.packb(body, use_bin_type=True)
+    # one packer per thread, reused: msgpack.packb makes a new one, whose buffer is 256
+    # KiB, for every header (an allocation larger than most messages, per message)
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(body)
 
 
 def decode(frames: Sequence[Any]) -> Message:
@@ -308,8 +338,11 @@ def decode(frames: Sequence[Any]) -> Message:
     chunks = tuple(_as_buffer(f) for f in frames[1:])
     if op in _TENSOR_OPS:
         _check_length(_length(header))
+    if values_dtype(header) not in WIRE_DTYPES:
+        raise ProtocolError(f"dtype {values_dtype(header)!r} is none of "
+                            f"{', '.join(WIRE_DTYPES)}")
     if _carries_tensor(header):
-        _check_payload(chunks, _length(header))
+        _check_payload(chunks, _length(header), _item_bytes(header))
     elif chunks:
         raise ProtocolError(f"{'a bare ' * (op in _TENSOR_OPS)}{op.name} carries no tensor "
                             f"but {len(chunks)} extra frames came")
@@ -329,9 +362,11 @@ def join_envelope(envelope: Sequence[Any], frames: Sequence[Buffer]) -> list[Any
     return [*envelope, b"", *frames]
 
 
-def array_to_chunks(tensor: np.ndarray, length: int) -> list[memoryview]:
-    """Zero-copy views of a 1-D float32 array, ``CHUNK_BYTES`` at most each."""
-    arr = np.ascontiguousarray(tensor, dtype=DTYPE)
+def array_to_chunks(tensor: np.ndarray, length: int,
+                    dtype: np.dtype | str = DTYPE) -> list[memoryview]:
+    """Zero-copy views of a 1-D array of ``dtype`` (float32 by default), ``CHUNK_BYTES``
+    at most each."""
+    arr = np.ascontiguousarray(tensor, dtype=dtype)
     if arr.ndim != 1 or arr.size != length:
         raise ValueError(f"tensor must be 1-D with {length} values, got shape {arr.shape}")
     view = memoryview(arr).cast("B")
@@ -369,8 +404,39 @@ def copy_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray) -> None:
                 which, pos = which + 1, 0
 
 
+def widen_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray) -> None:
+    """Widen bfloat16 payload chunks into ``outs`` (float32 arrays filled one after the
+    other, as :func:`copy_chunks_into`), which they must fill exactly."""
+    targets = [o for o in outs if o.size]
+    size = sum(len(c) for c in chunks)
+    if size != 2 * sum(t.size for t in targets):
+        raise ProtocolError(f"payload has {size} bytes, destination needs "
+                            f"{2 * sum(t.size for t in targets)}")
+    which, pos = 0, 0  # the target being filled, and its values filled
+    for chunk in chunks:
+        values, at = memoryview(chunk).cast("B"), 0
+        count = len(values) // 2
+        while at < count:
+            target = targets[which]
+            take = min(count - at, target.size - pos)
+            from_bfloat16(values[2 * at:2 * (at + take)], target[pos:pos + take])
+            at += take
+            pos += take
+            if pos == target.size:
+                which, pos = which + 1, 0
+
+
 def _length(header: Header) -> int:
     return header.length  # type: ignore[union-attr]
+
+
+def values_dtype(header: Header) -> str:
+    """How a message's values travel: a PUSH's ``dtype``, float32 for anything else."""
+    return getattr(header, "dtype", FLOAT32)
+
+
+def _item_bytes(header: Header) -> int:
+    return WIRE_ITEM_BYTES[values_dtype(header)]
 
 
 def _carries_tensor(header: Header) -> bool:
@@ -384,14 +450,17 @@ def _check_length(length: int) -> None:
         raise ProtocolError(f"tensor length {length} outside 1..{MAX_ELEMENTS}")
 
 
-def _check_payload(chunks: Sequence[memoryview], length: int) -> None:
+def _check_payload(chunks: Sequence[memoryview], length: int, item_bytes: int) -> None:
     if any(len(c) > CHUNK_BYTES for c in chunks):
         raise ProtocolError(f"tensor chunk larger than {CHUNK_BYTES} bytes")
+    if item_bytes != ITEM_BYTES and any(len(c) % item_bytes for c in chunks):
+        raise ProtocolError(f"a tensor chunk splits a value of {item_bytes} bytes")
     size = sum(len(c) for c in chunks)
-    if size != length * ITEM_BYTES:
+    if size != length * item_bytes:
+        name = "float32" if item_bytes == ITEM_BYTES else "bfloat16"
         raise ProtocolError(
-            f"payload has {size} bytes but the header announces {length} float32 "
-            f"({length * ITEM_BYTES} bytes)"
+            f"payload has {size} bytes but the header announces {length} {name} "
+            f"({length * item_bytes} bytes)"
         )
 
 

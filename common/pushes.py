@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.protocol import ErrorCode, Refused
+from common.wire import FLOAT32
 
 
 @dataclass(frozen=True)
 class PushWindow:
-    """The pushes a receiver takes now: from workers ``0..workers-1``, of ``size`` values,
-    for rounds ``oldest..newest`` of a run of ``rounds`` rounds (``current``: the round it
-    names in its refusals)."""
+    """The pushes a receiver takes now: from workers ``0..workers-1``, of ``size`` values
+    sent as ``dtype`` (the run's ``--wire-dtype``), for rounds ``oldest..newest`` of a run
+    of ``rounds`` rounds (``current``: the round it names in its refusals)."""
 
     workers: int
     rounds: int
@@ -28,16 +29,19 @@ class PushWindow:
     current: int
     oldest: int
     newest: int
+    dtype: str = FLOAT32
 
 
 def check_push(window: PushWindow, round_: int, worker: int, length: int,
-               finished: bool = False, received: np.ndarray | None = None) -> None:
+               finished: bool = False, received: np.ndarray | None = None,
+               dtype: str = FLOAT32) -> None:
     """Raise ``Refused`` for a push of ``round_`` by ``worker`` of ``length`` values that
     ``window`` does not take, checked in this order: UNKNOWN_WORKER (worker outside the
     run), STALE_ROUND (before ``oldest``), FINISHED (``finished``: the run is over, or
     whatever the caller counts as such), WRONG_ROUND (after ``newest``, or past the run),
     DUPLICATE (``received[worker]``: this worker's push of the round is in already),
-    WRONG_LENGTH (not the shard's size)."""
+    WRONG_LENGTH (not the shard's size), WRONG_DTYPE (values sent as another ``dtype``
+    than the run's)."""
     if not 0 <= worker < window.workers:
         raise Refused(ErrorCode.UNKNOWN_WORKER,
                       f"worker {worker} is not in 0..{window.workers - 1}")
@@ -55,3 +59,6 @@ def check_push(window: PushWindow, round_: int, worker: int, length: int,
     if length != window.size:
         raise Refused(ErrorCode.WRONG_LENGTH,
                       f"push has {length} values, the shard has {window.size}")
+    if dtype != window.dtype:
+        raise Refused(ErrorCode.WRONG_DTYPE,
+                      f"push sent as {dtype}, the run's --wire-dtype is {window.dtype}")

@@ -464,7 +464,7 @@ class ServerCore:
         line."""
         for shard, m in stepped:
             self._write_metrics(shard, m, closing)
-        every = self.options.checkpoint_every
+        every = self.options.checkpoint_interval(self.d)
         if every and self.state.round % every == 0:
             self.checkpoint()
         m = stepped[-1][1]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.config import RunConfig
-from common.protocol import Message
+from common.protocol import Message, values_dtype
 from common.pushes import PushWindow, check_push
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
@@ -94,8 +94,10 @@ class ShardGroup:
         length = values.header.length if message else values.size  # type: ignore[union-attr]
         first = self.states[0]
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
-                            current=first.round, oldest=first.round, newest=first.round)
-        check_push(window, round_, worker, length, first.finished, first.received)
+                            current=first.round, oldest=first.round, newest=first.round,
+                            dtype=self.cfg.wire_dtype)
+        check_push(window, round_, worker, length, first.finished, first.received,
+                   dtype=values_dtype(values.header) if message else window.dtype)
         rows = ([self.grads[worker]] if self.grads is not None
                 else [state.grads[worker] for state in self.states])
         if message:

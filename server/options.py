@@ -6,19 +6,16 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.replay import REPLAY_SLACK, default_checkpoint_every
 from common.rules import RuleError
 from common.settings import CLUSTER, SERVER, setting
 from common.sharding import ShardSet, parse_shard_set
 
-# Every 8 rounds: a checkpoint (a file written and fsynced, its directory fsynced) costs
-# about 1.4 ms of CPU per server and round here, 28 ms a round with 20 servers; the
-# workers keep the last 18 rounds' pushes (--replay-rounds) for a server resumed from it,
-# or from the one before (a process of several shards killed between its shards' files).
-CHECKPOINT_EVERY = 8
-# Rounds of the workers' replay window a checkpoint interval must leave free: the
-# checkpoint handed to the writer thread when the server dies may not be on disk yet,
-# and one write may have failed.
-REPLAY_SLACK = 2
+# By default every 8 rounds for the paper's models (``common/replay.py``: fewer for a large
+# model): a checkpoint (a file written and fsynced, its directory fsynced) costs about 1.4
+# ms of CPU per server and round here, 28 ms a round with 20 servers; the workers keep the
+# last 18 rounds' pushes (--replay-rounds) for a server resumed from it, or from the one
+# before (a process of several shards killed between its shards' files).
 
 
 def check_replayable(checkpoint_every: int, replay_rounds: int, generations: int = 1) -> None:
@@ -52,14 +49,14 @@ class ServerOptions:
     linger_s: float = setting(30.0, "After the last round, keep serving this long (seconds) "
                               "while an evaluator has not read the final parameters.",
                               flag="--linger", roles=(SERVER,), minimum=0.0)
-    checkpoint_every: int = setting(CHECKPOINT_EVERY, "Save each shard (shard-<s>.npz in "
-                                    "--out-dir, atomically and durably; a process of several "
-                                    "shards keeps the one before too, shard-<s>.prev.npz) "
-                                    "every K rounds; 0: only at exit. It is always saved at "
-                                    "exit and on SIGTERM. A server resumed from it gets the "
-                                    "rounds after it replayed by the workers, so keep K below "
-                                    "their --replay-rounds (half of it for several shards).",
-                                    roles=(SERVER, CLUSTER), minimum=0)
+    checkpoint_every: int | None = setting(
+        None, "Save each shard (shard-<s>.npz in --out-dir, atomically and durably; a "
+        "process of several shards keeps the one before too, shard-<s>.prev.npz) every K "
+        "rounds; 0: only at exit. It is always saved at exit and on SIGTERM. A server "
+        "resumed from it gets the rounds after it replayed by the workers, so keep K below "
+        "their --replay-rounds (half of it for several shards). Default: 8, fewer for a "
+        "model whose default replay window is shorter (2 at 10M parameters).",
+        roles=(SERVER, CLUSTER), minimum=0)
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))
     round_timeout_s: float | None = setting(
@@ -69,6 +66,12 @@ class ServerOptions:
     quorum: int | None = setting(
         None, "Pushes a round needs to close at its deadline (default n; at least n - q, "
         "and enough rows for the rule).", roles=(SERVER, CLUSTER), minimum=1)
+
+    def checkpoint_interval(self, d: int) -> int:
+        """``--checkpoint-every``, or its default for a model of ``d`` values."""
+        if self.checkpoint_every is not None:
+            return self.checkpoint_every
+        return default_checkpoint_every(d)
 
     def shards(self, cfg: RunConfig) -> ShardSet:
         """The hosted shards, ascending (``ConfigError`` naming --shard if not 0..S-1)."""

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.buffers import HostBuffers
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.protocol import ErrorCode, Message, Refused
+from common.protocol import ErrorCode, Message, Refused, values_dtype
 from common.pushes import PushWindow, check_push
 from common.rules import RuleError
 from common.rules.defence import Defence
+from common.rules.kernels.reductions import nonfinite_counts
 from common.rules.pre import RoundContext
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
@@ -77,14 +79,12 @@ def aggregate_rows(defence: Defence, grads: np.ndarray, received: np.ndarray, ro
     taken = grads if rows == grads.shape[0] else grads[mask]
     aggregate = defence(torch.from_numpy(taken), context).numpy()
     elapsed_ms = (time.perf_counter() - started) * 1e3
-    finite = np.isfinite(taken)
-    everywhere = np.count_nonzero(finite) == finite.size  # (counted per block if not)
+    nonfinite = nonfinite_counts(taken, blocks)
     width = grads.shape[1]
     workers, missing = np.flatnonzero(mask).tolist(), np.flatnonzero(~mask).tolist()
-    return [Aggregated(aggregate[a:b], mask, elapsed_ms * (b - a) / width,
-                       0 if everywhere else
-                       int(taken.shape[0] * (b - a) - np.count_nonzero(finite[:, a:b])),
-                       defence.last_info, workers, missing) for a, b in blocks]
+    return [Aggregated(aggregate[a:b], mask, elapsed_ms * (b - a) / width, count,
+                       defence.last_info, workers, missing)
+            for (a, b), count in zip(blocks, nonfinite, strict=True)]
 
 
 class ShardState:
@@ -98,8 +98,12 @@ class ShardState:
         self.cfg = cfg
         self.shard = shard
         self.defence = Defence(cfg)
-        self.params = np.array(initial, dtype=np.float32, copy=True)
-        self.size = self.params.size
+        self.size = int(np.size(initial))
+        # each round's new parameters: a vector no reader holds any more (the history's
+        # last rounds are kept, and a round's values are sent without a copy)
+        self.vectors = HostBuffers(self.size)
+        self.params = self.vectors.take()
+        self.params[:] = initial
         self.round = 0
         self.grads = (np.empty((cfg.num_workers, self.size), dtype=np.float32)
                       if grads is None else grads)
@@ -195,8 +199,10 @@ class ShardState:
         message = isinstance(values, Message)
         length = values.header.length if message else values.size
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
-                            current=self.round, oldest=self.round, newest=self.round)
-        check_push(window, round_, worker, length, self.finished, self.received)
+                            current=self.round, oldest=self.round, newest=self.round,
+                            dtype=self.cfg.wire_dtype)
+        check_push(window, round_, worker, length, self.finished, self.received,
+                   dtype=values_dtype(values.header) if message else window.dtype)
         if message:
             values.tensor_into(self.grads[worker])
         else:
@@ -220,13 +226,16 @@ class ShardState:
     def commit(self, done: Aggregated) -> RoundMetrics:
         """Apply x <- x - lr * Aggr of ``aggregate`` and advance the round."""
         started = time.perf_counter()
-        self.params = self.params - np.float32(self.cfg.lr) * done.aggregate
+        new = self.vectors.take()  # x - lr * Aggr, as the float32 operations of numpy
+        np.multiply(np.float32(self.cfg.lr), done.aggregate, out=new)
+        np.subtract(self.params, new, out=new)
+        self.params = new
         mask = done.mask
         metrics = RoundMetrics(
             round=self.round,
             aggregation_ms=done.elapsed_ms + (time.perf_counter() - started) * 1e3,
             nonfinite_values=done.nonfinite,
-            params_finite=bool(np.isfinite(self.params).all()),
+            params_finite=nonfinite_counts(new, [(0, new.size)])[0] == 0,
             rule_info=done.info,
             workers=done.workers,
             missing=done.missing,

@@ -33,6 +33,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.buffers import HostBuffers
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.keys import CurveClient, KeyRing
@@ -132,8 +133,9 @@ class ClusterClient:
         policy: RetryPolicy | None = None,
         keys: KeyRing | None = None,
         replay_rounds: int = 0,
+        vectors: HostBuffers | None = None,
     ) -> None:
-        self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds)
+        self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors)
         self.ctx = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
         self.links = [Link(self.ctx, link.endpoint,

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.buffers import HostBuffers
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
 from common.protocol import (
@@ -227,8 +228,12 @@ class ClientCore:
 
     def __init__(self, cfg: RunConfig, role: str, worker: int,
                  servers: list[str] | list[tuple[ShardSet, str]],
-                 policy: RetryPolicy | None = None, replay_rounds: int = 0) -> None:
+                 policy: RetryPolicy | None = None, replay_rounds: int = 0,
+                 vectors: HostBuffers | None = None) -> None:
+        """``vectors``: where the parameters a server process sends are received (reused
+        host vectors of d values, shared by the workers of a process), else new arrays."""
         self.cfg = cfg
+        self.vectors = vectors
         self.worker = worker
         self.policy = policy or RetryPolicy()
         self.links = [_Link(e, shards) for shards, e in server_list(cfg, servers)]
@@ -252,14 +257,14 @@ class ClientCore:
 
     def pull(self, round_: int, now: float) -> list[Send]:
         """Pull x^round_ from every server; ``outcome``: the assembled vector."""
-        x = np.empty(self.d, dtype=np.float32)
+        x = self._vector()
         return self._begin(self._pulls(x, round_), lambda: x, None, now)
 
     def catch_up(self, round_: int, now: float, missed: bool = False) -> list[Send]:
         """``outcome``: ``NextRound`` of the first round >= ``round_`` that every server
         still serves (a worker that starts late, or whose push came after its round
         closed, goes on there)."""
-        x = np.empty(self.d, dtype=np.float32)
+        x = self._vector()
         return self._begin(self._pulls(x, round_), lambda: NextRound(round_, x, missed),
                            self._skip_ahead(round_, missed), now)
 
@@ -303,13 +308,14 @@ class ClientCore:
     def push(self, round_: int, gradient: np.ndarray, now: float,
              bare_params: bool = False) -> list[Send]:
         """Send each server process the slices of the gradient for ``round_`` of every
-        shard it hosts, in one message; ``outcome``: the worker's ``NextRound``. Before
+        shard it hosts, in one message (``gradient``: float32, or bfloat16 bits with
+        ``--wire-dtype bfloat16``); ``outcome``: the worker's ``NextRound``. Before
         the last round each server answers with PARAMS of the next round once it exists
         (``pull_next``), bare with ``bare_params`` (a process of several workers takes
         x^{round_+1} from one of them: see ``NextRound.owed``); the last round is ACKed.
         ``gradient`` must not change afterwards: it is sent, and kept to replay, as it is."""
         self.sent.record(round_, gradient)
-        x = np.empty(self.d, dtype=np.float32) if round_ + 1 < self.cfg.rounds else None
+        x = self._vector() if round_ + 1 < self.cfg.rounds else None
         steps = {s: self._push_step(s, round_, gradient, x, bare_params)
                  for s in range(len(self.links))}
 
@@ -327,14 +333,16 @@ class ClientCore:
         values = self._slices_of(link, gradient)
         length = link.slices.length  # type: ignore[union-attr]
         header = Push(round=round_, worker=self.worker, length=length,
-                      pull_next=x is not None, bare_params=x is not None and bare_params)
+                      pull_next=x is not None, bare_params=x is not None and bare_params,
+                      dtype=self.cfg.wire_dtype)
         step = _Step(encode(header, values), _reader(Ack), idempotent=True, push_round=round_)
         if x is not None:
             step.read = self._params_into(x, server, round_ + 1, bare=bare_params)
             # counted already: its reply was lost; PULL the next round instead
             step.on_repeat = self._pull_step(x, server, round_ + 1)
             step.on_repeat.repush = reheaded(  # the same values, not encoded again
-                step.frames, Push(round=round_, worker=self.worker, length=length))
+                step.frames, Push(round=round_, worker=self.worker, length=length,
+                                  dtype=self.cfg.wire_dtype))
         return step
 
     def _caught_up(self, server: int, error: Error, now: float) -> list[Send]:
@@ -352,6 +360,13 @@ class ClientCore:
         sends = self._abandon_but(-1)
         self.pending.clear()
         return sends
+
+    def _vector(self) -> np.ndarray:
+        """A host vector of d values to receive parameters into (one of ``vectors`` if
+        they are of this length: a model of another d is refused after the HELLO)."""
+        if self.vectors is not None and self.vectors.length == self.d:
+            return self.vectors.take()
+        return np.empty(self.d, dtype=np.float32)
 
     # -- inputs ------------------------------------------------------------------
 
@@ -546,8 +561,8 @@ class ClientCore:
                     f"{link.endpoint} restarted at round {first}, but this worker keeps "
                     f"only its last {self.sent.window} rounds (--replay-rounds) and is at "
                     f"round {last}")
-            header = Push(round=k, worker=self.worker,
-                          length=link.slices.length, pull_next=True)  # type: ignore[union-attr]
+            header = Push(round=k, worker=self.worker, length=link.slices.length,  # type: ignore[union-attr]
+                          pull_next=True, dtype=self.cfg.wire_dtype)
             replays.append(_Step(encode(header, self._slices_of(link, gradient)),
                                  _reader(Params), idempotent=True))
         link.steps.extendleft(reversed(replays))

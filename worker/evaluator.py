@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from common.config import RunConfig
 from common.data import Dataset, load_dataset
@@ -26,7 +25,9 @@ from common.process import check_stop
 from common.protocol import ErrorCode
 from worker.client import ClusterClient
 from worker.core import RetryPolicy, ServerRefused
+from worker.device import describe, resolve_device
 from worker.options import ClientOptions, EvalOptions
+from worker.trainer import cross_entropy
 
 log = logging.getLogger("ps.evaluator")
 
@@ -43,10 +44,14 @@ class Evaluation:
 
 
 class Evaluator:
-    """Evaluates flat parameter vectors on the test set (or its first ``max_samples``)."""
+    """Evaluates flat parameter vectors on the test set (or its first ``max_samples``), on
+    ``device`` (default the CPU; the test batches move there as they are evaluated)."""
 
-    def __init__(self, cfg: RunConfig, dataset: Dataset, max_samples: int | None = None) -> None:
-        self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.seed)
+    def __init__(self, cfg: RunConfig, dataset: Dataset, max_samples: int | None = None,
+                 device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes,
+                                 cfg.seed).to(self.device)
         count = len(dataset.test_y)
         if max_samples is not None:
             count = min(max_samples, count)
@@ -55,13 +60,13 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate(self, params: np.ndarray) -> Evaluation:
-        load_flat_parameters(self.model, torch.from_numpy(params))
+        load_flat_parameters(self.model, torch.from_numpy(params).to(self.device))
         self.model.eval()
         loss_sum, top1, top3 = 0.0, 0, 0
         for i in range(0, len(self.y), EVAL_BATCH):
-            logits = self.model(self.x[i : i + EVAL_BATCH])
-            target = self.y[i : i + EVAL_BATCH]
-            loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+            logits = self.model(self.x[i : i + EVAL_BATCH].to(self.device))
+            target = self.y[i : i + EVAL_BATCH].to(self.device)
+            loss_sum += float(cross_entropy(logits, target, reduction="sum"))
             best = logits.topk(min(3, logits.shape[1]), dim=1).indices
             top1 += int((best[:, 0] == target).sum())
             top3 += int((best == target[:, None]).any(dim=1).sum())
@@ -73,8 +78,10 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
                   out_dir: Path | None, keys: KeyRing | None = None) -> None:
     """Evaluate rounds 0, k, 2k, ... and the last round; write ``evaluator.jsonl``."""
     every = evaluation.eval_every
+    device = resolve_device(options.device)
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
-    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
+    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples, device)
+    log.info("evaluating on %s", describe(device))
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     client = ClusterClient(options.server_list(cfg.num_shards), cfg, "evaluator", -1, policy, keys)
     metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.replay import default_replay_rounds
 from common.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
 from common.sharding import ShardSet, parse_index_set, parse_servers
 
@@ -39,10 +40,25 @@ class ClientOptions:
     retries: int = setting(3, "Resends before giving up with exit code 4.",
                            roles=(*CLIENTS, CLUSTER), minimum=0)
 
-    replay_rounds: int = setting(18, "Gradients of the last K rounds kept, to replay them to a "
-                                 "server that restarted from an older checkpoint (K x the "
-                                 "model size in memory per worker).", roles=(WORKER, CLUSTER),
-                                 minimum=0)
+    device: str = setting(
+        "cpu", "Where the model computes: cpu, cuda (a worker process per GPU in turn, of "
+        "those CUDA_VISIBLE_DEVICES shows), cuda:N, or auto (CUDA if torch sees a GPU, else "
+        "the CPU). On CUDA the computation is deterministic, so a cluster and ps-simulate "
+        "on the same device end bit-identical; the servers aggregate on the CPU.",
+        roles=(*CLIENTS, CLUSTER, SIMULATE))
+
+    replay_rounds: int | None = setting(
+        None, "Gradients of the last K rounds kept, to replay them to a server that "
+        "restarted from an older checkpoint (K x the model size in memory per worker). "
+        "Default: 18, fewer for a large model (about 256 MiB a worker, at least 4: 6 at "
+        "10.6M parameters), whose servers save more often to match.",
+        roles=(WORKER, CLUSTER), minimum=0)
+
+    def replay_window(self, d: int) -> int:
+        """``--replay-rounds``, or its default for a model of ``d`` values."""
+        if self.replay_rounds is not None:
+            return self.replay_rounds
+        return default_replay_rounds(d)
 
     def worker_ids(self, num_workers: int) -> tuple[int, ...]:
         """The workers of ``--worker-id``, sorted (``ConfigError`` naming what is wrong)."""

@@ -27,14 +27,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from common.buffers import HostBuffers
 from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.errors import ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import check_stop, freeze_startup_objects
+from common.wire import BFLOAT16, to_wire
 from worker.client import ClusterClient, exchange_all, poll_clients, reserve_links
 from worker.core import NextRound, RetryPolicy
+from worker.device import describe, resolve_device
 from worker.options import ClientOptions
 from worker.step import WorkerStep
 from worker.trainer import GradientComputer
@@ -61,6 +66,7 @@ class _Member:
     pushed: tuple[int, float, float, float] | None = None
     filling: int = 0
     owed_since: float = 0.0  # when its exchange ended owing values (time.monotonic())
+    bits: HostBuffers | None = None  # where its vectors' bfloat16 bits go (--wire-dtype)
 
     def push(self, cfg: RunConfig) -> None:
         """Compute and start pushing its next round, if it has one."""
@@ -70,6 +76,7 @@ class _Member:
         t = at.round
         began = time.perf_counter()
         g, loss = self.step(at.params, t)  # type: ignore[arg-type]
+        g = to_wire(g, cfg.wire_dtype, None if self.bits is None else self.bits.take())
         computed = time.perf_counter()
         # one exchange per server process: the reply to the push is x^{t+1}
         self.client.begin(lambda now: self.client.core.push(t, g, now, self.bare))
@@ -133,15 +140,25 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     the servers are)."""
     workers = options.worker_ids(cfg.num_workers)
     servers = options.server_list(cfg.num_shards)
+    # worker processes of one host spread over its GPUs by their place among the blocks
+    device = resolve_device(options.device, slot=workers[0] // len(workers))
     dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
-    computer = GradientComputer(cfg, dataset)
+    computer = GradientComputer(cfg, dataset, device)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     reserve_links(len(workers) * len(servers))
+    # the vectors pushed and the parameters received: host vectors reused round after
+    # round by all the process's workers (pinned for a GPU's copies)
+    pushed = HostBuffers(computer.d, pinned=device.type == "cuda")
+    received = HostBuffers(computer.d, pinned=device.type == "cuda")
+    bits = (HostBuffers(computer.d, dtype=np.uint16) if cfg.wire_dtype == BFLOAT16
+            else None)
     # kept in memory from round to round: a restarted worker starts again from zero
-    team = [_Member(w, WorkerStep(cfg, attack, computer, w),
+    team = [_Member(w, WorkerStep(cfg, attack, computer, w, pushed),
                     ClusterClient(servers, cfg, "worker", w, policy, keys,
-                                  replay_rounds=options.replay_rounds),
-                    JsonlWriter(out_dir / f"worker-{w}.jsonl" if out_dir else None))
+                                  replay_rounds=options.replay_window(computer.d),
+                                  vectors=received),
+                    JsonlWriter(out_dir / f"worker-{w}.jsonl" if out_dir else None),
+                    bits=bits)
             for w in workers]
     # honest workers compute first: an attack (some compute every honest gradient) never
     # delays an honest push of its process (the order changes no result)
@@ -153,10 +170,11 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
                 raise ConfigError(f"servers hold d={m.client.d} parameters, this worker's "
                                   f"model has {computer.d}")
             m.started_at = min(w.round for w in welcomes)  # type: ignore[attr-defined]
-            log.info("worker %d of %d%s: %d shards on %d servers, d=%d, starting at round %d",
-                     m.worker, cfg.num_workers,
+            log.info("worker %d of %d%s: %d shards on %d servers, d=%d, on %s, starting at "
+                     "round %d", m.worker, cfg.num_workers,
                      f" (byzantine: {attack.worker_attack})" if m.step.byzantine else "",
-                     cfg.num_shards, len(servers), computer.d, m.started_at)
+                     cfg.num_shards, len(servers), computer.d, describe(device),
+                     m.started_at)
         starts = [(m.client, lambda now, m=m: m.client.core.catch_up(m.started_at, now))
                   for m in team]
         for m, at in zip(team, exchange_all(starts), strict=True):
@@ -183,7 +201,9 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
                     m.answered(cfg)
             if lender.at is not None and lender.at is not lent[0]:
                 lent = (lender.at, lent[0])  # its last two places
-        log.info("done after %d rounds", cfg.rounds)
+        log.info("done after %d rounds (host vectors of d values allocated: %d for the "
+                 "pushes, %d for the parameters)", cfg.rounds, pushed.allocated,
+                 received.allocated)
     finally:
         for m in team:
             m.client.close()

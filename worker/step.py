@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.buffers import HostBuffers
 from common.config import AttackConfig, RunConfig
 from worker.byzantine import ByzantineState, byzantine_gradient
 from worker.trainer import GradientComputer, Momentum
@@ -20,16 +21,19 @@ from worker.trainer import GradientComputer, Momentum
 class WorkerStep:
     """Worker ``worker``'s vector of each round, and what it carries from round to
     round: its momentum (honest), or its :class:`ByzantineState` (Byzantine). Process
-    state: a worker restarted starts again from zero."""
+    state: a worker restarted starts again from zero. An honest worker's vectors are
+    written into ``buffers``' (reused once nothing references them: sent, and out of the
+    replay window), or into new arrays."""
 
     def __init__(self, cfg: RunConfig, attack: AttackConfig, computer: GradientComputer,
-                 worker: int) -> None:
+                 worker: int, buffers: HostBuffers | None = None) -> None:
         self.cfg = cfg
         self.attack = attack
         self.computer = computer
         self.worker = worker
+        self.buffers = buffers
         self.byzantine = attack.is_byzantine(worker)
-        self.momentum = Momentum(cfg.worker_momentum)
+        self.momentum = Momentum(cfg.worker_momentum, buffers)
         self.state = ByzantineState.start(cfg, attack) if self.byzantine else None
 
     def __call__(self, x: np.ndarray, round_: int) -> tuple[np.ndarray, float]:
@@ -39,5 +43,6 @@ class WorkerStep:
             g = byzantine_gradient(self.cfg, self.attack, self.computer, x, round_,
                                    self.worker, state=self.state)
             return g, float("nan")
-        g, loss = self.computer.gradient(x, round_, self.worker)
+        out = None if self.buffers is None else self.buffers.take()
+        g, loss = self.computer.gradient(x, round_, self.worker, out=out)
         return self.momentum(g), loss

@@ -193,8 +193,9 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     # every node restarts on failure and a server resumes from its checkpoint (a process
     # of several shards maybe from the one before)
     several = any(len(b) > 1 for b in server_blocks_of(env, cfg.num_shards))
-    check_replayable(from_environ(ServerOptions, env, {SERVER}, shard=0).checkpoint_every,
-                     from_environ(ClientOptions, env, {WORKER}).replay_rounds,
+    d = resources.model_parameters(cfg.model, cfg.dataset)[0]
+    check_replayable(from_environ(ServerOptions, env, {SERVER}, shard=0).checkpoint_interval(d),
+                     from_environ(ClientOptions, env, {WORKER}).replay_window(d),
                      generations=2 if several else 1)
     scenario = from_environ(AttackConfig, env, LAUNCHERS)
     params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
@@ -289,8 +290,9 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
 
 def deployment_sizes(dep: Deployment) -> resources.Sizes:
     """What the containers' limits depend on (n, d, S, the dataset, the replay window)."""
+    d = resources.model_parameters(dep.cfg.model, dep.cfg.dataset)[0]
     return resources.sizes_of(
-        dep.cfg, dep.settings(ClientOptions, WORKER).replay_rounds,
+        dep.cfg, dep.settings(ClientOptions, WORKER).replay_window(d),
         dep.settings(ProcessOptions, SERVER).torch_threads)
 
 

@@ -87,6 +87,9 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
                                       security=resumed_security(saved.security,
                                                                 spec.security)))
     cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
+    from worker.device import select_device
+
+    select_device(spec.client.device)  # CUDA asked for and absent: one line, nothing started
     evaluator = not spec.cluster.no_evaluator
     blocks = spec.cluster.blocks(cfg.num_shards)
     proxied = [b for b in blocks if set(b) & set(attack.proxy_shards)]
@@ -184,8 +187,11 @@ def verify(spec, digest: str) -> None:
                                        cfg.rounds)
     click.echo(f"running the in-process reference engine ({participation.rounds_closed_short} "
                "shard rounds closed without some workers) ...", err=True)
+    from worker.device import resolve_device
+
     reference = simulate(spec.cfg, spec.attack, data_dir=spec.client.data_dir,
-                         participation=participation)
+                         participation=participation,
+                         device=resolve_device(spec.client.device))
     if reference.digest != digest:
         raise ReferenceMismatch(f"cluster and reference differ: {digest} != "
                                 f"{reference.digest}")

@@ -46,7 +46,7 @@ from ps.launcher.processes import ManagedProcess, stop_all
 from ps.launcher.report import ClusterResult, Progress, RunReport, read_progress
 from ps.launcher.supervise import Supervisor, raise_if_failed
 from ps.proxy.options import ProxyOptions
-from server.checkpoint import final_parameters
+from server.checkpoint import final_parameters, model_size
 from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
 
@@ -332,7 +332,8 @@ def check_launchable(spec: ClusterSpec) -> None:
     spec.cluster.blocks(spec.cfg.num_shards)
     if spec.cluster.max_restarts > 0:
         several = any(len(block) > 1 for block in spec.cluster.blocks(spec.cfg.num_shards))
-        check_replayable(spec.server.checkpoint_every, spec.client.replay_rounds,
+        d = model_size(spec.cfg)
+        check_replayable(spec.server.checkpoint_interval(d), spec.client.replay_window(d),
                          generations=2 if several else 1)
     attack = spec.attack
     if spec.server.round_timeout_s is not None and attack.proxy_holds_rounds:
@@ -355,7 +356,6 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
         GroupFiles,
         checkpoint_path,
         expected_checkpoint,
-        model_size,
         server_mac_key,
     )
 

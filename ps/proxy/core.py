@@ -202,9 +202,10 @@ class ProxyCore:
         the last as FINISHED, the server's answer once it finished); and rounds the proxy
         would have to hold beyond the next one."""
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.length,
-                            current=self.round, oldest=0, newest=self.round + 1)
+                            current=self.round, oldest=0, newest=self.round + 1,
+                            dtype=self.cfg.wire_dtype)
         check_push(window, push.round, push.worker, push.length,
-                   finished=push.round == self.cfg.rounds)
+                   finished=push.round == self.cfg.rounds, dtype=push.dtype)
 
     def _route(self, peer: Peer, worker: int) -> None:
         """Remember that PARAMS for ``peer`` go to ``worker`` (bounded, oldest out)."""

@@ -58,6 +58,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
     from ps.plots.tensorboard import run_events
     from ps.reference.engine import simulate
     from ps.reference.participation import read_participation
+    from worker.device import resolve_device
     from worker.evaluator import Evaluator
 
     participation = None
@@ -67,8 +68,9 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
         click.echo(f"replaying {replay.replay}: {participation.rounds_closed_short} shard "
                    "rounds closed without some workers")
 
+    device = resolve_device(client.device)
     dataset = load_dataset(cfg.dataset, client.data_dir, seed=cfg.seed)
-    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples)
+    evaluator = Evaluator(cfg, dataset, evaluation.eval_samples, device)
     out = process.out_dir
     if out:
         write_run_config(out, cfg, attack)
@@ -91,7 +93,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
 
     try:
         result = simulate(cfg, attack, dataset=dataset, on_round=report,
-                          participation=participation)
+                          participation=participation, device=device)
     finally:
         metrics.close()
         engine.close()

@@ -21,13 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from common.buffers import HostBuffers
 from common.config import AttackConfig, RunConfig
 from common.data import Dataset, load_dataset
 from common.errors import ConfigError
 from common.model_init import initial_parameters
 from common.process import check_stop
 from common.sharding import shard_ranges
+from common.wire import round_to_wire
 from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
@@ -55,11 +58,12 @@ class Simulation:
     """Synchronous rounds of the whole system in one process."""
 
     def __init__(self, cfg: RunConfig, attack: AttackConfig, dataset: Dataset,
-                 participation: Participation | None = None) -> None:
+                 participation: Participation | None = None,
+                 device: torch.device | None = None) -> None:
         self.cfg = cfg
         self.attack = attack
         self.participation = participation or Participation()
-        self.computer = GradientComputer(cfg, dataset)
+        self.computer = GradientComputer(cfg, dataset, device)
         x0 = initial_parameters(cfg)
         self.ranges = shard_ranges(x0.size, cfg.num_shards)
         self.shards = [ShardState(cfg, s, x0[a:b]) for s, (a, b) in enumerate(self.ranges)]
@@ -73,7 +77,9 @@ class Simulation:
         # each worker's step, as its process runs it: an honest worker's momentum; a
         # Byzantine worker's state (its own momentum, and, once it tracks them itself,
         # the honest workers' it recomputes)
-        self.workers = [WorkerStep(cfg, attack, self.computer, i)
+        # their pushed vectors are written into reused host vectors, as in a worker process
+        vectors = HostBuffers(self.computer.d)
+        self.workers = [WorkerStep(cfg, attack, self.computer, i, vectors)
                         for i in range(cfg.num_workers)]
         self.tracking: set[int] = set()
 
@@ -111,6 +117,9 @@ class Simulation:
                 grads[i] = forged[self.attack.byzantine_workers.index(i)]
             else:
                 grads[i] = self.workers[i](views[i], t)[0]
+        # each worker sends its vector as --wire-dtype: rounded there (after the forgers
+        # read the honest vectors, which they recompute unrounded)
+        grads = [round_to_wire(g, self.cfg.wire_dtype) for g in grads]
         metrics = []
         for s, (a, b) in enumerate(self.ranges):
             pushes = [g[a:b] for g in grads]
@@ -149,14 +158,17 @@ class Simulation:
         self, corruptor: ShardCorruptor, t: int, pushes: list[np.ndarray],
         aggregated: tuple[int, ...],
     ) -> list[np.ndarray]:
-        """The pushes as the proxy forwards them (those aggregated are the ones counted)."""
+        """The pushes as the proxy forwards them (those aggregated are the ones counted),
+        rounded to --wire-dtype as it sends them."""
+        wire = self.cfg.wire_dtype
         if corruptor.whole_round:
             out, changed = corruptor.corrupt_round(t, pushes)
             self.corrupted_values += changed
-            return out
+            return [round_to_wire(p, wire) for p in out]
         out = list(pushes)
         for i in aggregated:
-            out[i], changed = corruptor.corrupt_push(t, i, pushes[i])
+            corrupted, changed = corruptor.corrupt_push(t, i, pushes[i])
+            out[i] = round_to_wire(corrupted, wire)
             self.corrupted_values += changed
         return out
 
@@ -168,11 +180,13 @@ def simulate(
     data_dir: str | None = None,
     on_round: Callable[[int, Simulation], None] | None = None,
     participation: Participation | None = None,
+    device: torch.device | None = None,
 ) -> SimulationResult:
     """Run ``cfg.rounds`` rounds (aggregating the recorded ``participation``, default all
-    n every round); ``on_round(t, sim)`` is called after each round."""
+    n every round), the workers' gradients on ``device`` (default the CPU);
+    ``on_round(t, sim)`` is called after each round."""
     dataset = dataset or load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
-    sim = Simulation(cfg, attack, dataset, participation)
+    sim = Simulation(cfg, attack, dataset, participation, device)
     started = time.perf_counter()
     for t in range(cfg.rounds):
         check_stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,28 @@ def test_cluster_and_reference_engine_end_bit_identical(tmp_path: Path) -> None:
     assert reference.corrupted_values > 0
     assert reference.digest == result.digest
     np.testing.assert_array_equal(reference.params, result.params)
+
+
+@pytest.mark.parametrize("attack", [
+    AttackConfig.build(worker_attack="alie", byzantine_workers=(0,), proxy_attack="gambler",
+                       proxy_shards=(1,), gambler_p=0.002),
+    AttackConfig.build(proxy_attack="omniscient", proxy_shards=(0,), proxy_victims=(1, 2)),
+], ids=["alie-worker-gambler-proxy", "omniscient-proxy"])
+def test_bfloat16_on_the_wire_ends_bit_identical_and_differs_from_float32(
+        tmp_path: Path, attack: AttackConfig) -> None:
+    """Workers round their vectors to bfloat16, a proxy corrupts the widened values (one
+    at a time, or a whole round) and rounds what it forwards: the reference engine
+    rounds at the same points and ends with the same bits, which are not float32's."""
+    cfg, attack, result = _run(tmp_path, attack, rule="meamed", q=2, num_workers=7,
+                               num_shards=3, rounds=10, wire_dtype="bfloat16")
+    assert np.isfinite(result.params).all()
+    torch.set_num_threads(1)
+    reference = simulate(cfg, attack)
+    assert reference.corrupted_values > 0
+    assert reference.digest == result.digest
+    assert simulate(replace(cfg, wire_dtype="float32"), attack).digest != result.digest
+    proxies = [r for f in (tmp_path / "run").glob("proxy-*.jsonl") for r in read_jsonl(f)]
+    assert sum(r["corrupted_values"] for r in proxies) == reference.corrupted_values
 
 
 def test_ps_cluster_draws_the_run_figures_when_it_finishes(processes, tmp_path: Path) -> None:

@@ -248,7 +248,7 @@ def test_a_reference_mismatch_has_its_own_documented_exit_code(tmp_path, monkeyp
     monkeypatch.setattr(ps.reference.engine, "simulate",
                         lambda *args, **kwargs: SimpleNamespace(digest="b" * 64, seconds=1.0))
     spec = SimpleNamespace(cfg=RunConfig(), attack=AttackConfig(), out_dir=tmp_path,
-                           client=SimpleNamespace(data_dir=None),
+                           client=SimpleNamespace(data_dir=None, device="cpu"),
                            process=ProcessOptions())
     with pytest.raises(SystemExit) as ended:
         run_process("cluster", ProcessOptions(), lambda: verify(spec, "a" * 64))

@@ -180,7 +180,8 @@ def test_missing_directory_is_reported(tmp_path: Path) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid: cifar10"):
         load_dataset("imagenet")
-    assert set(dataset_names()) == {"fashion-mnist", "mnist", "cifar10", "synthetic"}
+    assert set(dataset_names()) == {"fashion-mnist", "mnist", "cifar10", "synthetic",
+                                    "synthetic-cifar"}
 
 
 @pytest.mark.skipif(
@@ -357,6 +358,16 @@ def test_synthetic_is_deterministic_and_fast() -> None:
     assert set(a.train_y.tolist()) == set(range(10))
     small = synthetic(3, 10, 7)
     assert small.train_x.shape[0] == 10 and small.test_y.shape[0] == 7
+
+
+def test_synthetic_cifar_has_cifar_s_shape_and_streams_of_its_own() -> None:
+    a = load_dataset("synthetic-cifar", seed=3)
+    assert a.name == "synthetic-cifar" and a.input_shape == (3, 32, 32)
+    assert a.train_x.shape == (2048, 3, 32, 32) and a.test_x.shape == (512, 3, 32, 32)
+    assert torch.equal(a.train_x, load_dataset("synthetic-cifar", seed=3).train_x)
+    plain = load_dataset("synthetic", seed=3)  # its own streams: not the 28x28 labels
+    assert not torch.equal(a.train_y, plain.train_y)
+    assert set(a.train_y.tolist()) == set(range(10))
 
 
 def test_synthetic_is_learnable_by_the_mlp() -> None:

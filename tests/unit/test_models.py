@@ -177,3 +177,49 @@ def test_share_flat_storage_keeps_values_and_shares_memory() -> None:
     nn.functional.cross_entropy(model(x), torch.arange(8) % 10).backward()
     assert torch.equal(grads, flatten_gradients(model)) and grads.abs().sum() > 0
 
+
+
+def _resnet18_count(c_in: int, classes: int) -> int:
+    """ResNet-18's parameters counted from its definition: 3x3 convolutions without bias,
+    a norm layer's weight and bias per channel, 1x1 shortcuts where the shape changes."""
+    def conv3(a: int, b: int) -> int:
+        return a * b * 9
+
+    def norm(c: int) -> int:
+        return 2 * c
+
+    total = conv3(c_in, 64) + norm(64)
+    cin = 64
+    for stage, cout in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            total += conv3(cin, cout) + norm(cout) + conv3(cout, cout) + norm(cout)
+            if stage and not block:
+                total += cin * cout + norm(cout)  # the 1x1 shortcut of a stride-2 block
+            cin = cout
+    return total + fc(512, classes)
+
+
+def test_resnet18_is_the_cifar_form_with_group_norm_and_keeps_no_buffer() -> None:
+    model = build_model("resnet18", CIFAR_SHAPE, 10, seed=0)
+    assert num_parameters(model) == _resnet18_count(3, 10) == 11_173_962
+    modules = list(model.modules())
+    assert not any(isinstance(m, (nn.BatchNorm2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d))
+                   for m in modules)
+    norms = [m for m in modules if isinstance(m, nn.GroupNorm)]
+    assert len(norms) == 1 + 8 * 2 + 3 and all(m.num_groups == 32 for m in norms)
+    stem = next(m for m in modules if isinstance(m, nn.Conv2d))
+    assert stem.kernel_size == (3, 3) and stem.stride == (1, 1)  # CIFAR's stem: no 7x7/2
+    assert list(model.buffers()) == []  # nothing the servers would not aggregate
+    # per-sample normalisation: a sample's logits do not depend on the rest of its batch
+    x = torch.randn(4, *CIFAR_SHAPE)
+    model.train()
+    with torch.no_grad():
+        assert torch.allclose(model(x)[:1], model(x[:1]), atol=1e-5)
+
+
+def test_resnet18_counts_on_the_meta_device_as_built() -> None:
+    from common.models import count_parameters
+
+    for shape in (CIFAR_SHAPE, MNIST_SHAPE):
+        assert count_parameters("resnet18", shape, 10) == num_parameters(
+            build_model("resnet18", shape, 10, seed=0)) == _resnet18_count(shape[0], 10)

@@ -133,3 +133,28 @@ def group_means(G: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     offsets[1:] = np.cumsum([len(g) for g in groups])
     out = np.empty((len(groups), d), dtype=np.float32)
     return run_chunked(_group_means_kernel, (G, members, offsets), d, 64, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _nonfinite_kernel(G, edges, out):
+    """``out[k]``: the values of ``G``'s columns ``edges[k]:edges[k + 1]`` that are NaN or
+    an infinity (all exponent bits set), counted on the bits (a loop that vectorises)."""
+    exponent = np.uint32(0x7F800000)
+    for k in range(edges.shape[0] - 1):
+        total = 0
+        for i in range(G.shape[0]):
+            row = G[i, edges[k]:edges[k + 1]].view(np.uint32)
+            for c in range(row.shape[0]):
+                total += np.int64((row[c] & exponent) == exponent)
+        out[k] = total
+
+
+def nonfinite_counts(G: np.ndarray, blocks: list[tuple[int, int]]) -> list[int]:
+    """The NaN and infinite values of the (n, d) float32 matrix ``G`` in each column block
+    ``(a, b)`` of ``blocks`` (contiguous, in order), in one pass that allocates nothing
+    of G's size (``np.isfinite`` makes an n x d mask: 53 MB a round at d = 2.6M, n = 20)."""
+    G = np.ascontiguousarray(G, dtype=np.float32)
+    edges = np.array([blocks[0][0], *(b for _, b in blocks)], dtype=np.int64)
+    out = np.zeros(len(blocks), dtype=np.int64)
+    _nonfinite_kernel(G.reshape(-1, G.shape[-1]), edges, out)
+    return out.tolist()
