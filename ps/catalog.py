@@ -88,10 +88,16 @@ def _attacks() -> list[Entry]:
     return entries
 
 
+# every model computes where --device says: the CPU, or a GPU (deterministic there); the
+# servers aggregate on the CPU
+MODEL_DEVICES = ["cpu", "cuda (deterministic)"]
+
+
 def _models() -> list[Entry]:
     from common.models import MODELS
 
-    return [Entry("models", name, "--model", spec.summary) for name, spec in MODELS.items()]
+    return [Entry("models", name, "--model", spec.summary, "", {"devices": MODEL_DEVICES})
+            for name, spec in MODELS.items()]
 
 
 def _datasets() -> list[Entry]:

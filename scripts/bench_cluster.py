@@ -26,7 +26,7 @@ reference engine, measured in one run and printed as one table per topic:
     python3 scripts/bench_cluster.py --shards 4,1,20    # shorthand: layouts 4:4,1:1,20:20
     python3 scripts/bench_cluster.py --layouts 4:4 --start fork,exec  # both start methods
     python3 scripts/bench_cluster.py --model cnn --dataset synthetic --layouts 4:4
-    python3 scripts/bench_cluster.py --layouts 4:4 --d-models mlp,cnn,wide  # + scaling in d
+    python3 scripts/bench_cluster.py --layouts none --d-models wide,resnet18  # scaling in d
     python3 scripts/bench_cluster.py --n-scaling 20,50,100  # + scaling in n (S=4, keys)
     python3 scripts/bench_cluster.py --layouts 4:2 --rounds 15 --no-floor  # a quick check
     python3 scripts/bench_cluster.py --layouts 4:2 --worker-processes 20,2  # W=n against 2
@@ -48,14 +48,14 @@ Scaling in n (``--n-scaling``): the cluster with each n at S=4 on ``--n-processe
 server processes, with keys, on ``--n-dataset`` (Fashion-MNIST) for ``--n-rounds`` rounds:
 rounds/s, CPU per round (all processes, and per worker) and peak PSS.
 
-Scaling in d (``--d-models``): the same cluster (S=4 on ``--d-processes`` server
-processes) with each model for ``--d-rounds`` rounds, against what the machine can do.
-The floor of a round is the bytes every server process moves (n pushes in, and replies
-out carrying the values once per worker process, W, of d/P float32 each) at the wire
-framing's ceiling measured in the same run (``scripts/bench_wire.py``'s, with CURVE
-unless ``--security insecure``: one encrypting and one decrypting process, so both
-cores), plus the n gradients and the S aggregations, each timed alone in this process
-(one thread), spread over the machine's cores.
+Scaling in d (``--d-models``): for each model, ``--d-wire`` dtype and security mode, the
+reference engine and then the cluster (S=4, n workers, ps-cluster's default P and W unless
+``--d-processes`` / ``--d-worker-processes``) on synthetic data of the model's shape, for
+``--d-rounds`` rounds: steady rounds/s of both and their ratio, CPU per round (user and
+system apart) of both, the cluster's peak PSS, and whether they ended bit-identical.
+``--layouts none`` runs only the scaling runs::
+
+    python3 scripts/bench_cluster.py --layouts none --d-models wide --d-wire float32,bfloat16
 
 The messaging floor (``scripts/bench_floor.py``, skipped with ``--no-floor``): for each
 layout and security mode, a synthetic cluster with the same n, d, S, P, CURVE and
@@ -71,6 +71,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -86,20 +87,20 @@ import numpy as np
 import torch
 
 from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
+from common.data import dataset_shape, load_dataset
 from common.metrics import read_jsonl
 from common.model_init import initial_parameters
 from common.models import build_model, num_parameters
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
 from common.sharding import server_blocks
+from common.wire import WIRE_DTYPES
 from ps.launcher.options import local_cores
 from ps.reference.engine import simulate
 from worker.trainer import GradientComputer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_floor import Floor, measure_floor  # sibling scripts
-from bench_wire import MODES, measure
 
 SAMPLE_S = 0.2
 STEADY_FROM = 10  # the steady window of the CPU figures: from this round to the last
@@ -115,12 +116,16 @@ class Reference:
     rounds_per_s: float
     cpu_s_per_round: float
     digest: str
+    sys_s_per_round: float = 0.0  # the system (kernel) part of cpu_s_per_round
+    steady_rounds_per_s: float = 0.0  # rounds/s over the same window as the CPU figures
 
 
 def median_reference(runs: list[Reference]) -> Reference:
     """The reference runs' median rounds/s and CPU per round (their digest: all equal)."""
     return Reference(runs[0].shards, statistics.median(r.rounds_per_s for r in runs),
-                     statistics.median(r.cpu_s_per_round for r in runs), runs[0].digest)
+                     statistics.median(r.cpu_s_per_round for r in runs), runs[0].digest,
+                     statistics.median(r.sys_s_per_round for r in runs),
+                     statistics.median(r.steady_rounds_per_s for r in runs))
 
 
 @dataclass
@@ -142,6 +147,8 @@ class Measured:
     start: str = "fork"
     workers: int = 0
     cpu_s_per_round: float | None = None  # all processes, steady window; None: too short
+    sys_s_per_round: float | None = None  # the system (kernel) part of it
+    steady_rounds_per_s: float | None = None  # server 0's rounds/s in the steady window
     reference: Reference | None = None  # the reference engine run just before this run
     extra: dict = field(default_factory=dict)
 
@@ -168,6 +175,7 @@ def median_run(repeated: list[Measured]) -> Measured:
     return replace(
         first, rounds_per_s=median([r.rounds_per_s for r in repeated]),
         cpu_s_per_round=median([r.cpu_s_per_round for r in repeated]),
+        sys_s_per_round=median([r.sys_s_per_round for r in repeated]),
         peak_pss_mb=median([r.peak_pss_mb for r in repeated]),
         launch_to_round0_s=median([r.launch_to_round0_s for r in repeated]),
         bytes_in_per_s_per_server=median([r.bytes_in_per_s_per_server for r in repeated]),
@@ -185,8 +193,8 @@ def pss_mb(pid: int) -> float:
     return 0.0
 
 
-def _proc_stats() -> dict[int, tuple[int, float]]:
-    """Every process's (parent, utime + stime in seconds, all its threads together)."""
+def _proc_stats() -> dict[int, tuple[int, float, float]]:
+    """Every process's (parent, utime, stime) in seconds, all its threads together."""
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -194,15 +202,15 @@ def _proc_stats() -> dict[int, tuple[int, float]]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            found[int(entry.name)] = (int(fields[1]),
-                                      (int(fields[11]) + int(fields[12])) * TICK_S)
+            found[int(entry.name)] = (int(fields[1]), int(fields[11]) * TICK_S,
+                                      int(fields[12]) * TICK_S)
     return found
 
 
-def _tree(pid: int, stats: dict[int, tuple[int, float]]) -> list[int]:
+def _tree(pid: int, stats: dict[int, tuple[int, float, float]]) -> list[int]:
     """``pid`` and all its descendants (the launcher's children, forked or executed)."""
     children: dict[int, list[int]] = {}
-    for p, (parent, _) in stats.items():
+    for p, (parent, *_) in stats.items():
         children.setdefault(parent, []).append(p)
     out, todo = [], [pid]
     while todo:
@@ -215,13 +223,13 @@ def _tree(pid: int, stats: dict[int, tuple[int, float]]) -> list[int]:
 
 class Sampler(threading.Thread):
     """Samples a process and its descendants every ``SAMPLE_S`` until stopped: the peak
-    of their summed PSS, and (wall time, summed utime + stime) pairs."""
+    of their summed PSS, and (wall time, summed utime, summed stime) triples."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.peak = 0.0
-        self.cpu: list[tuple[float, float]] = []  # (time.time(), CPU seconds)
+        self.cpu: list[tuple[float, float, float]] = []  # (time.time(), user s, system s)
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -229,24 +237,31 @@ class Sampler(threading.Thread):
             stats = _proc_stats()
             now = time.time()
             pids = _tree(self.pid, stats)
-            self.cpu.append((now, sum(stats[p][1] for p in pids)))
+            self.cpu.append((now, sum(stats[p][1] for p in pids),
+                             sum(stats[p][2] for p in pids)))
             self.peak = max(self.peak, sum(pss_mb(p) for p in pids))
 
     def cpu_per_round(self, times: list[float]) -> float | None:
-        """CPU seconds per round between the first and the last sample inside the steady
-        window (``times``: server-0's round timestamps; from round ``STEADY_FROM`` to the
-        last), the rounds in between interpolated from them; None if fewer than two
-        samples fall inside (a run too short or too fast)."""
+        """CPU seconds (user and system) per round in the steady window (see
+        :meth:`split_per_round`); None if it cannot be measured."""
+        split = self.split_per_round(times)
+        return None if split is None else split[0] + split[1]
+
+    def split_per_round(self, times: list[float]) -> tuple[float, float] | None:
+        """(user, system) CPU seconds per round between the first and the last sample
+        inside the steady window (``times``: server-0's round timestamps; from round
+        ``STEADY_FROM`` to the last), the rounds in between interpolated from them; None
+        if fewer than two samples fall inside (a run too short or too fast)."""
         if len(times) < 2:
             return None
         begin, end = times[min(STEADY_FROM, len(times) - 2)], times[-1]
-        inside = [(t, c) for t, c in self.cpu if begin <= t <= end]
+        inside = [sample for sample in self.cpu if begin <= sample[0] <= end]
         if len(inside) < 2:
             return None
-        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        (t0, u0, s0), (t1, u1, s1) = inside[0], inside[-1]
         index = np.arange(len(times), dtype=float)
         rounds = float(np.interp(t1, times, index) - np.interp(t0, times, index))
-        return (c1 - c0) / rounds if rounds > 0 else None
+        return ((u1 - u0) / rounds, (s1 - s0) / rounds) if rounds > 0 else None
 
 
 def run_cluster(args: list[str], out: Path, label: str, shards: int,
@@ -272,54 +287,78 @@ def run_cluster(args: list[str], out: Path, label: str, shards: int,
     firsts = [block[0] for block in server_blocks(shards, processes)]  # one per process
     ingested = sum(read_jsonl(out / f"server-{s}.jsonl")[-1]["bytes_in"]
                    for s in firsts) / len(firsts)
+    split = sampler.split_per_round(times)
+    steady = times[min(STEADY_FROM, len(times) - 2):]
     return Measured(label=label, shards=shards,
                     launch_to_round0_s=times[0] - launched,
                     startup=summary.get("startup", {}),
                     rounds_per_s=summary["rounds_per_s"], peak_pss_mb=sampler.peak,
                     wall_s=time.time() - launched, digest=summary["params_sha256"],
                     bytes_in_per_s_per_server=ingested / span if span > 0 else 0.0,
-                    processes=processes, cpu_s_per_round=sampler.cpu_per_round(times))
+                    processes=processes,
+                    cpu_s_per_round=None if split is None else split[0] + split[1],
+                    sys_s_per_round=None if split is None else split[1],
+                    steady_rounds_per_s=((len(steady) - 1) / (steady[-1] - steady[0])
+                                         if len(steady) > 1 and steady[-1] > steady[0]
+                                         else None))
+
+
+def _rusage() -> tuple[float, float]:
+    """This process's (user, system) CPU seconds so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
 
 
 def reference_engine(cfg: RunConfig, dataset: Any = None) -> Reference:
     """The in-process reference engine (one thread, as each cluster process) on ``cfg``:
     rounds/s after round 0, as the cluster's summary counts them (round 0 carries the
-    kernels' warm-up: most of a second), and CPU (``time.process_time()``) per round
-    from round ``STEADY_FROM`` on, as the cluster's steady window (from round 1 if
-    there are not more rounds)."""
+    kernels' warm-up: most of a second), and the rounds/s and CPU per round (user and
+    system apart) from round ``STEADY_FROM`` on, as the cluster's steady window (from
+    round 1 if there are not more rounds)."""
     torch.set_num_threads(1)
     attack = AttackConfig().validate(cfg)
     dataset = load_dataset(cfg.dataset, seed=cfg.seed) if dataset is None else dataset
     steady_from = STEADY_FROM if cfg.rounds > STEADY_FROM else 1
     wall: dict[int, float] = {}
-    cpu: dict[int, float] = {}
+    cpu: dict[int, tuple[float, float]] = {}
 
     def on_round(t: int, _: Any) -> None:  # t rounds done
         if t in (1, steady_from, cfg.rounds):
-            wall[t], cpu[t] = time.perf_counter(), time.process_time()
+            wall[t], cpu[t] = time.perf_counter(), _rusage()
 
     result = simulate(cfg, attack, dataset=dataset, on_round=on_round)
     if cfg.rounds < 2:
-        return Reference(cfg.num_shards, cfg.rounds / result.seconds, cpu[1], result.digest)
+        rate = cfg.rounds / result.seconds
+        return Reference(cfg.num_shards, rate, sum(cpu[1]), result.digest, cpu[1][1], rate)
+    steady = cfg.rounds - steady_from
+    user = (cpu[cfg.rounds][0] - cpu[steady_from][0]) / steady
+    system = (cpu[cfg.rounds][1] - cpu[steady_from][1]) / steady
     return Reference(cfg.num_shards, (cfg.rounds - 1) / (wall[cfg.rounds] - wall[1]),
-                     (cpu[cfg.rounds] - cpu[steady_from]) / (cfg.rounds - steady_from),
-                     result.digest)
+                     user + system, result.digest, system,
+                     steady / (wall[cfg.rounds] - wall[steady_from]))
 
 @dataclass
-class DScaling:
-    """One model's run at S = 4 against the machine's floor."""
+class DRun:
+    """One model's cluster run at S = 4 and the reference engine run just before it."""
 
     model: str
     d: int
-    rounds_per_s: float
-    mb_in_per_s_per_server: float  # per server process
-    ceiling_mb_per_s: float
-    message_mb: float
-    compute_ms: float  # one gradient, measured alone
-    aggregation_ms: float  # one shard's aggregation, measured alone
-    round_ms: float  # median interval between rounds
-    floor_ms: float
-    processes: int = 0
+    dataset: str
+    wire: str
+    security: str
+    rounds: int
+    cluster: Measured
+    engine: Reference
+
+    @property
+    def ratio(self) -> float | None:
+        """Steady rounds/s of the cluster / of the engine beside it (the same rounds)."""
+        rate = self.cluster.steady_rounds_per_s
+        return None if rate is None else rate / self.engine.steady_rounds_per_s
+
+    @property
+    def identical(self) -> bool:
+        return self.cluster.digest == self.engine.digest
 
 
 @dataclass
@@ -364,46 +403,50 @@ def isolated_costs(cfg: RunConfig, data: Any, reps: int = 3) -> tuple[float, flo
             median_ms(lambda: defence(rows, context)))
 
 
-def d_scaling(model: str, args: list[str], out: Path, cfg: RunConfig, processes: int,
-              worker_processes: int, insecure: bool, data: Any) -> DScaling:
-    """Run the cluster with ``model`` (S shards on ``processes`` server processes, the
-    workers in ``worker_processes``) and compare its rounds with the floor."""
-    measured = run_cluster([*args, "--model", model, "--shards", str(cfg.num_shards),
-                            "--server-processes", str(processes),
-                            "--worker-processes", str(worker_processes)], out,
-                           f"d: {model}", cfg.num_shards, processes)
-    d = num_parameters(build_model(model, tuple(data.train_x.shape[1:]), data.num_classes, 0))
-    times = [r["time"] for r in read_jsonl(out / "server-0.jsonl")]
-    round_ms = statistics.median(b - a for a, b in itertools.pairwise(times)) * 1e3
-    compute_ms, aggregation_ms = isolated_costs(cfg, data)
-    message_mb = d / processes * 4 / 1e6  # one push to a server process
-    ceiling = measure(MODES[0], message_mb, max(5, int(400 / message_mb)),
-                      curve=not insecure) * 1e3  # MB/s
-    # every push in, and the replies out: the values once per worker process (bare PARAMS
-    # to the process's other workers)
-    wire_mb = (cfg.num_workers + worker_processes) * d * 4 / 1e6
-    cores = os.cpu_count() or 1
-    floor_ms = (wire_mb / ceiling * 1e3
-                + (cfg.num_workers * compute_ms + cfg.num_shards * aggregation_ms) / cores)
-    return DScaling(model, d, measured.rounds_per_s, measured.bytes_in_per_s_per_server / 1e6,
-                    ceiling, message_mb, compute_ms, aggregation_ms, round_ms, floor_ms,
-                    processes)
+def d_dataset(model: str, given: str) -> str:
+    """The dataset of a ``--d-models`` run: ``given``, or the synthetic data of the shape
+    the model is built for (CIFAR-10's for resnet18)."""
+    return given or ("synthetic-cifar" if model == "resnet18" else "synthetic")
 
 
-def _print_d_table(rows: list[DScaling]) -> None:
-    click.echo(f"\nscaling in d (S=4 on P={rows[0].processes} server processes): the floor is "
-               f"the wire share ((n + W) d float32 at the ceiling) plus n gradients and S "
-               f"aggregations over the cores")
-    click.echo("| model | d | rounds/s | MB/s in per server process | wire ceiling at d/P | "
-               "gradient alone | aggregation alone | round (median) | floor | "
-               "round / floor |")
-    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+def d_run(model: str, dataset: str, wire: str, mode: str, cfg: RunConfig, out: Path,
+          processes: int | None, worker_processes: int | None) -> DRun:
+    """The reference engine on ``cfg``, then the cluster with the same settings (S = 4,
+    ps-cluster's default P and W unless given), with keys or without (``mode``)."""
+    click.echo(f"running d: {model} on {dataset}, {wire} on the wire, {mode}: the "
+               f"reference engine, then the cluster ...", err=True)
+    engine = reference_engine(cfg)
+    args = ["--workers", str(cfg.num_workers), "--shards", str(cfg.num_shards), "--rule",
+            cfg.rule, "--model", model, "--dataset", dataset, "--rounds", str(cfg.rounds),
+            "--wire-dtype", wire, "--no-evaluator",
+            *(["--server-processes", str(processes)] if processes else []),
+            *(["--worker-processes", str(worker_processes)] if worker_processes else []),
+            *(["--insecure"] if mode == "insecure" else [])]
+    blocks = processes or min(cfg.num_shards, local_cores())
+    cluster = run_cluster(args, out, f"d: {model} {wire} {mode}", cfg.num_shards, blocks)
+    return DRun(model, num_parameters(build_model(model, *dataset_shape(dataset), 0)),
+                dataset, wire, mode, cfg.rounds, cluster, engine)
+
+
+def _print_d_table(rows: list[DRun], workers: int, rule: str) -> None:
+    click.echo(f"\nscaling in d: n={workers}, S=4, {rule}, ps-cluster's default P and W "
+               f"unless given; rounds/s and CPU per round in the steady window (from round "
+               f"{STEADY_FROM} to the last), the reference engine (one process, one thread) "
+               "run just before each cluster run")
+    click.echo("| model | d | wire | security | engine rounds/s | cluster rounds/s | cluster / "
+               "engine | CPU-s per round, cluster: user / system | engine: user / system | "
+               "peak PSS, cluster | bit-identical |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        click.echo(f"| {r.model} | {r.d:,} | {r.rounds_per_s:.2f} | "
-                   f"{r.mb_in_per_s_per_server:.0f} | {r.ceiling_mb_per_s:.0f} MB/s "
-                   f"({r.message_mb:.2f} MB) | {r.compute_ms:.1f} ms | "
-                   f"{r.aggregation_ms:.1f} ms | {r.round_ms:.0f} ms | {r.floor_ms:.0f} ms | "
-                   f"{r.round_ms / r.floor_ms:.2f} |")
+        c, e = r.cluster, r.engine
+        user = None if c.cpu_s_per_round is None else c.cpu_s_per_round - c.sys_s_per_round
+        click.echo(f"| {r.model} | {r.d:,} | {r.wire} | {r.security} | "
+                   f"{e.steady_rounds_per_s:.3f} | "
+                   f"{'-' if c.steady_rounds_per_s is None else f'{c.steady_rounds_per_s:.3f}'}"
+                   f" | {'-' if r.ratio is None else f'{r.ratio:.2f}'} | {_cpu(user)} / "
+                   f"{_cpu(c.sys_s_per_round)} | {e.cpu_s_per_round - e.sys_s_per_round:.3f} "
+                   f"/ {e.sys_s_per_round:.3f} | {c.peak_pss_mb / 1024:.2f} GB | "
+                   f"{r.identical} |")
 
 
 def _print_n_table(rows: list[NScaling], model: str, rule: str, dataset: str,
@@ -454,7 +497,8 @@ def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
 @click.command(context_settings={"show_default": True})
 @click.option("--workers", default=20, type=int)
 @click.option("--layouts", default="4:1,4:2,4:4,20:4,20:20", help="Layouts S:P to run (S "
-              "shards on P server processes), comma-separated.")
+              "shards on P server processes), comma-separated; none: only the scaling "
+              "runs (--d-models, --n-scaling).")
 @click.option("--shards", default=None, help="Shorthand for --layouts with one process per "
               "shard: 4,20 is 4:4,20:20 (overrides --layouts).")
 @click.option("--rule", default="marmed")
@@ -477,10 +521,20 @@ def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
 @click.option("--floor-rounds", default=200, type=int, help="Timed rounds of each messaging "
               "floor (after 20 of warm-up).")
 @click.option("--d-models", default="", help="Also measure scaling in d at S=4 with these "
-              "models, comma-separated (mlp, cnn, wide: 10.6M parameters).")
-@click.option("--d-rounds", default=8, type=int, help="Rounds of each --d-models run.")
-@click.option("--d-processes", default=4, type=int, help="Server processes P of the "
-              "--d-models runs (S=4).")
+              "models, comma-separated (mlp, cnn, wide: 10.6M parameters, resnet18: 11.2M), "
+              "each against the reference engine run just before it, for each --security "
+              "mode and --d-wire dtype.")
+@click.option("--d-rounds", default=24, type=int, help="Rounds of each --d-models run (the "
+              "steady window starts at round 10).")
+@click.option("--d-processes", default=None, type=int, help="Server processes P of the "
+              "--d-models runs (S=4; default ps-cluster's).")
+@click.option("--d-worker-processes", default=None, type=int, help="Worker processes W of "
+              "the --d-models runs (default ps-cluster's).")
+@click.option("--d-dataset", "d_dataset_given", default="", help="Dataset of the --d-models "
+              "runs (default: synthetic data of the model's shape: synthetic-cifar for "
+              "resnet18, else synthetic).")
+@click.option("--d-wire", default="float32", help="--wire-dtype values of the --d-models "
+              "runs, comma-separated (float32, bfloat16).")
 @click.option("--n-scaling", default="", help="Also measure scaling in n at S=4 with keys on "
               "--n-dataset: numbers of workers, comma-separated (e.g. 20,50,100).")
 @click.option("--n-dataset", default="fashion-mnist", help="Dataset of the --n-scaling runs "
@@ -491,21 +545,68 @@ def parse_layouts(layouts: str, shards: str | None) -> list[tuple[int, int]]:
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
 def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, dataset: str,
          rounds: int, start: str, security: str, insecure: bool, worker_processes: str,
-         repeats: int, no_floor: bool,
-         floor_rounds: int, d_models: str, d_rounds: int, d_processes: int, n_scaling: str,
-         n_rounds: int, n_dataset: str, n_processes: int, json_path: Path | None) -> None:
-    pairs = parse_layouts(layouts, shards)
+         repeats: int, no_floor: bool, floor_rounds: int, d_models: str, d_rounds: int,
+         d_processes: int | None, d_worker_processes: int | None, d_dataset_given: str,
+         d_wire: str, n_scaling: str, n_rounds: int, n_dataset: str, n_processes: int,
+         json_path: Path | None) -> None:
+    pairs = [] if layouts == "none" and not shards else parse_layouts(layouts, shards)
     modes = ["insecure"] if insecure else [m.strip() for m in security.split(",") if m.strip()]
     if not modes or any(m not in SECURITY_MODES for m in modes):
         raise click.BadParameter(f"{security!r}: keys, insecure or both",
                                  param_hint="--security")
-    for p in (d_processes, n_processes):
+    for p in (d_processes or 1, n_processes):
         if not 1 <= p <= 4:
             raise click.BadParameter(f"{p} server processes for S=4: must be in 1..4")
+    wires = [w.strip() for w in d_wire.split(",") if w.strip()]
+    if not wires or any(w not in WIRE_DTYPES for w in wires):
+        raise click.BadParameter(f"{d_wire!r}: {' or '.join(WIRE_DTYPES)}",
+                                 param_hint="--d-wire")
     teams = [int(w) for w in filter(None, worker_processes.split(","))] or [
         min(workers, 2 * local_cores())]
     if any(not 1 <= w <= workers for w in teams):
         raise click.BadParameter(f"{worker_processes}: each W must be in 1..n={workers}")
+    report: dict[str, Any] = {}
+    if pairs:
+        report |= compare_layouts(pairs, modes, teams, workers, rule, model, dataset, rounds,
+                                  start, repeats, no_floor, floor_rounds)
+    n_rows = []
+    for n in (int(x) for x in filter(None, n_scaling.split(","))):
+        args = ["--workers", str(n), "--shards", "4", "--server-processes", str(n_processes),
+                "--worker-processes", str(min(n, teams[0])), "--rule", rule, "--model", model,
+                "--dataset", n_dataset, "--rounds", str(n_rounds), "--no-evaluator",
+                "--start", start.split(",")[0]]
+        with tempfile.TemporaryDirectory() as tmp:
+            click.echo(f"running n={n} ...", err=True)
+            run = run_cluster(args, Path(tmp) / "run", f"n={n}", 4, n_processes)
+        n_rows.append(NScaling(n, 4, n_processes, n_rounds, run.rounds_per_s,
+                               run.cpu_s_per_round, run.peak_pss_mb, run.launch_to_round0_s))
+    if n_rows:
+        _print_n_table(n_rows, model, rule, n_dataset, teams[0])
+        report["n_scaling"] = [{**asdict(r), "cpu_ms_per_round_per_worker":
+                                r.cpu_ms_per_round_per_worker} for r in n_rows]
+    scaling = []
+    for name, wire, mode in itertools.product(filter(None, d_models.split(",")), wires, modes):
+        data_name = d_dataset(name, d_dataset_given)
+        d_cfg = RunConfig(dataset=data_name, model=name, num_workers=workers, num_shards=4,
+                          rule=rule, rounds=d_rounds, wire_dtype=wire).validate()
+        with tempfile.TemporaryDirectory() as tmp:
+            scaling.append(d_run(name, data_name, wire, mode, d_cfg, Path(tmp) / "run",
+                                 d_processes, d_worker_processes))
+    if scaling:
+        _print_d_table(scaling, workers, rule)
+        report["d_scaling"] = [{**asdict(r), "cluster_over_engine": r.ratio,
+                                "bit_identical": r.identical} for r in scaling]
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2))
+
+
+def compare_layouts(pairs: list[tuple[int, int]], modes: list[str], teams: list[int],
+                    workers: int, rule: str, model: str, dataset: str, rounds: int,
+                    start: str, repeats: int, no_floor: bool,
+                    floor_rounds: int) -> dict[str, Any]:
+    """Every layout S:P (each W, start method and security mode, ``repeats`` times), each
+    after its own reference engine run; the tables, the identity check, the targets and
+    the messaging floors; what ``--json`` writes of them."""
     ref_shards = 4 if any(s == 4 for s, _ in pairs) else pairs[0][0]
     cfg = RunConfig(dataset=dataset, model=model, num_workers=workers, num_shards=ref_shards,
                     rule=rule, rounds=rounds).validate()
@@ -540,44 +641,12 @@ def main(workers: int, layouts: str, shards: str | None, rule: str, model: str, 
     if not no_floor:
         floors = messaging_floors(runs, cfg, floor_rounds)
         _print_floor_table(floors, reference)
-    n_rows = []
-    for n in (int(x) for x in filter(None, n_scaling.split(","))):
-        args = ["--workers", str(n), "--shards", "4", "--server-processes", str(n_processes),
-                "--worker-processes", str(min(n, teams[0])), "--rule", rule, "--model", model,
-                "--dataset", n_dataset, "--rounds", str(n_rounds), "--no-evaluator",
-                "--start", start.split(",")[0]]
-        with tempfile.TemporaryDirectory() as tmp:
-            click.echo(f"running n={n} ...", err=True)
-            run = run_cluster(args, Path(tmp) / "run", f"n={n}", 4, n_processes)
-        n_rows.append(NScaling(n, 4, n_processes, n_rounds, run.rounds_per_s,
-                               run.cpu_s_per_round, run.peak_pss_mb, run.launch_to_round0_s))
-    if n_rows:
-        _print_n_table(n_rows, model, rule, n_dataset, teams[0])
-    scaling = []
-    d_insecure = modes == ["insecure"]
-    for name in filter(None, d_models.split(",")):
-        args = ["--workers", str(workers), "--rule", rule, "--dataset", dataset, "--rounds",
-                str(d_rounds), "--no-evaluator", *(["--insecure"] if d_insecure else [])]
-        with tempfile.TemporaryDirectory() as tmp:
-            click.echo(f"running d: {name} ...", err=True)
-            d_cfg = RunConfig(dataset=dataset, model=name, num_workers=workers, num_shards=4,
-                              rule=rule).validate()
-            scaling.append(d_scaling(name, args, Path(tmp) / "run", d_cfg, d_processes,
-                                     teams[0], d_insecure, load_dataset(dataset, seed=0)))
-    if scaling:
-        _print_d_table(scaling)
-    if json_path:
-        json_path.write_text(json.dumps({
-            "reference": asdict(reference),  # the median of the runs
+    return {"reference": asdict(reference),  # the median of the runs
             "reference_rounds_per_s": reference.rounds_per_s,
             "reference_runs": [asdict(r) for r in references],
             "runs": [asdict(r) for r in runs],
             "targets": targets,
-            "floors": [{"run": r.label, **asdict(f)} for r, f in floors],
-            "n_scaling": [{**asdict(r),
-                           "cpu_ms_per_round_per_worker": r.cpu_ms_per_round_per_worker}
-                          for r in n_rows],
-            "d_scaling": [asdict(r) for r in scaling]}, indent=2))
+            "floors": [{"run": r.label, **asdict(f)} for r, f in floors]}
 
 
 def messaging_floors(runs: list[Measured], cfg: RunConfig,
@@ -698,9 +767,9 @@ def _print_table(runs: list[Measured], reference: Reference,
                    "beside them)")
     click.echo("| run | launch to end of round 0 | imports / kernels / dataset in the "
                "launcher | servers ready / all started | steady rounds/s | / reference "
-               "beside it | CPU-s per round, all processes | / reference beside it | peak "
-               "PSS, all processes | MB/s in per server process |")
-    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+               "beside it | CPU-s per round, all processes | of it system | / reference "
+               "beside it | peak PSS, all processes | MB/s in per server process |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         prep = r.startup.get("prepare", {})
         prepared = (f"{prep.get('imports_s', 0):.2f} / {prep.get('kernels_s', 0):.2f} / "
@@ -709,6 +778,7 @@ def _print_table(runs: list[Measured], reference: Reference,
                    f"{r.startup.get('servers_ready_s', 0):.2f} / "
                    f"{r.startup.get('all_started_s', 0):.2f} s | {r.rounds_per_s:.1f} | "
                    f"{r.to_reference():.2f} | {_cpu(r.cpu_s_per_round)} | "
+                   f"{_cpu(r.sys_s_per_round)} | "
                    f"{_ratio(r.cpu_s_per_round, r.reference.cpu_s_per_round)} | "  # type: ignore[union-attr]
                    f"{r.peak_pss_mb / 1024:.2f} GB | "
                    f"{r.bytes_in_per_s_per_server / 1e6:.0f} |")
@@ -717,7 +787,8 @@ def _print_table(runs: list[Measured], reference: Reference,
     click.echo(f"| reference engine (1 process, 1 thread, S={reference.shards}): the median "
                f"of {len(references)} runs, one just before each cluster run ({low:.1f} to "
                f"{high:.1f} rounds/s) | - | - | - | {reference.rounds_per_s:.1f} | 1.00 | "
-               f"{reference.cpu_s_per_round:.3f} | 1.00 | - | - |")
+               f"{reference.cpu_s_per_round:.3f} | {reference.sys_s_per_round:.3f} | 1.00 | "
+               "- | - |")
     if any(r.cpu_s_per_round is None for r in runs):
         click.echo(f"(CPU -: fewer than two samples, every {SAMPLE_S:g} s, fell between round "
                    f"{STEADY_FROM} and the last: run more rounds)")

@@ -7,7 +7,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    marked = [item for item in items if "cuda" in item.keywords]
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
     from worker.device import cuda_devices

@@ -288,6 +288,26 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
     return out
 
 
+def gpu_services(dep: Deployment) -> bool:
+    """Whether the workers and the evaluator compute on a GPU (``PS_DEVICE`` cuda or
+    cuda:N: their containers ask the runtime for the host's GPUs; ``auto`` asks for
+    none, since a request the host cannot meet stops the container)."""
+    return dep.settings(ClientOptions, WORKER).device.startswith("cuda")
+
+
+# The device request of a GPU service: every GPU of the host, through the NVIDIA
+# Container Toolkit (each worker takes one of them in turn, ``--device cuda``).
+GPU_REQUEST = {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+
+
+def gpu_lines(indent: str) -> list[str]:
+    """The compose file's device request, at ``indent``."""
+    return [f"{indent}deploy:", f"{indent}  resources:", f"{indent}    reservations:",
+            f"{indent}      devices:", f"{indent}        - driver: {GPU_REQUEST['driver']}",
+            f"{indent}          count: {GPU_REQUEST['count']}",
+            f"{indent}          capabilities: [{', '.join(GPU_REQUEST['capabilities'])}]"]
+
+
 def deployment_sizes(dep: Deployment) -> resources.Sizes:
     """What the containers' limits depend on (n, d, S, the dataset, the replay window)."""
     d = resources.model_parameters(dep.cfg.model, dep.cfg.dataset)[0]
@@ -478,6 +498,9 @@ def render(dep: Deployment, options: dict) -> str:
                 out += [f"      {d}:", f"        condition: service_{done}"]
         if kind in ("server", "proxy"):
             out.append("    healthcheck: *ready")
+        if kind in ("worker", "evaluator") and gpu_services(dep):
+            out += ["    # PS_DEVICE cuda: the host's GPUs, through the NVIDIA Container "
+                    "Toolkit", *gpu_lines("    ")]
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -58,6 +58,7 @@ from ps.deploy.compose import (
     deployment,
     deployment_sizes,
     generator_options,
+    gpu_services,
     keys_arguments,
     read_env,
     service_environments,
@@ -77,6 +78,8 @@ VOLUME_PREFIX = "runs-"  # runs-<service>: each service's own named volume
 TMP = "/tmp"
 IMAGE_USER = "1000"  # the image's user `ps` (Dockerfile): owner of the secret key files
 SPREAD = "node.labels.zone"
+# The generic resource a GPU node advertises (its daemon.json's node-generic-resources)
+GPU_RESOURCE = "NVIDIA-GPU"
 # a service name resolves to its task's own address (as on compose's network), not to a
 # virtual IP: no IPVS in the kernel needed, no IPVS idle timeout on the long-lived
 # ZeroMQ connections; a restarted task's new address is resolved at the reconnect
@@ -126,6 +129,11 @@ def stack_spec(dep: Deployment) -> dict[str, Any]:
                                      "pids": pids}}}
         if name.startswith("worker-"):
             deploy["placement"] = {"preferences": [{"spread": SPREAD}]}
+        if name.startswith(("worker-", "evaluator")) and gpu_services(dep):
+            # swarm places by generic resources: each GPU node's daemon advertises its
+            # GPUs (node-generic-resources, docs/deploy.md)
+            deploy["resources"]["reservations"] = {"generic_resources": [
+                {"discrete_resource_spec": {"kind": GPU_RESOURCE, "value": 1}}]}
         service: dict[str, Any] = {
             "image": IMAGE, "command": [command],
             "environment": {**run, **env},

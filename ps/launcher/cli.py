@@ -90,6 +90,9 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     from worker.device import select_device
 
     select_device(spec.client.device)  # CUDA asked for and absent: one line, nothing started
+    slow = slow_curve(spec.security)
+    if slow:
+        click.echo(f"warning: {slow}", err=True)
     evaluator = not spec.cluster.no_evaluator
     blocks = spec.cluster.blocks(cfg.num_shards)
     proxied = [b for b in blocks if set(b) & set(attack.proxy_shards)]
@@ -126,6 +129,17 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
     draw_finished_run(out)
     if spec.cluster.verify:
         verify(spec, result.digest)
+
+
+def slow_curve(security: SecurityOptions) -> str:
+    """With keys, CURVE's throughput measured here (16 MiB, tens of ms; the pyzmq wheel's
+    libsodium decides it: ``ps-doctor``): a warning if it would hold the run back, else
+    "". Nothing of ZeroMQ is left running (the launcher forks afterwards)."""
+    if security.insecure:
+        return ""
+    from ps.doctor.checks import CURVE_QUICK_MESSAGES, curve_warning, wire_throughput
+
+    return curve_warning(wire_throughput(True, CURVE_QUICK_MESSAGES))
 
 
 def summary_line(rounds: int, seconds: float, p) -> str:

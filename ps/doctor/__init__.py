@@ -1,0 +1,1 @@
+"""``ps-doctor``: what this machine gives a run (CURVE's speed, the kernels, threads, GPUs)."""
