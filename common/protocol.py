@@ -255,10 +255,7 @@ class Message:
         """Copy the payload into ``outs``, 1-D float32 arrays filled one after the other
         (one, or each shard's of a message carrying several), exactly its length;
         bfloat16 values are widened on the way."""
-        if values_dtype(self.header) == BFLOAT16:
-            widen_chunks_into(self.chunks, *outs)
-        else:
-            copy_chunks_into(self.chunks, *outs)
+        copy_chunks_into(self.chunks, *outs, dtype=values_dtype(self.header))
 
 
 def encode(header: Header, tensor: np.ndarray | Sequence[np.ndarray] | None = None,
@@ -297,12 +294,18 @@ def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
 
 
 _packers = threading.local()
+# Fields added to protocol 3 after its first peers: sent only when not at their default,
+# so that such a peer still reads every message that does not need them (a float32 PUSH).
+_SENT_IF_SET = {"dtype": FLOAT32}
 
 
 def _header_frame(header: Header) -> bytes:
     body = {"v": PROTOCOL_VERSION, "op": int(header.op)}
     for name, *_ in _SCHEMAS[type(header)]:
-        body[name] = getattr(header, name)
+        value = getattr(header, name)
+        if name in _SENT_IF_SET and value == _SENT_IF_SET[name]:
+            continue
+        body[name] = value
     # one packer per thread, reused: msgpack.packb makes a new one, whose buffer is 256
     # KiB, for every header (an allocation larger than most messages, per message)
     packer = getattr(_packers, "packer", None)
@@ -382,44 +385,33 @@ def chunks_to_array(chunks: Sequence[memoryview], length: int) -> np.ndarray:
     return out
 
 
-def copy_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray) -> None:
-    """Copy the payload chunks into ``outs`` (contiguous arrays filled one after the
-    other: a message carrying several shards' slices lands in each shard's row), which
-    they must fill exactly; one pass over the chunks, no intermediate array."""
-    targets = [memoryview(o).cast("B") for o in outs if o.nbytes]
-    total = sum(len(t) for t in targets)
-    size = sum(len(c) for c in chunks)
-    if size != total:
-        raise ProtocolError(f"payload has {size} bytes, destination needs {total}")
-    which, pos = 0, 0  # the target being filled, and its bytes filled
-    for chunk in chunks:
-        at = 0
-        while at < len(chunk):
-            target = targets[which]
-            take = min(len(chunk) - at, len(target) - pos)
-            target[pos : pos + take] = chunk[at : at + take]
-            at += take
-            pos += take
-            if pos == len(target):
-                which, pos = which + 1, 0
-
-
-def widen_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray) -> None:
-    """Widen bfloat16 payload chunks into ``outs`` (float32 arrays filled one after the
-    other, as :func:`copy_chunks_into`), which they must fill exactly."""
+def copy_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray,
+                     dtype: str = FLOAT32) -> None:
+    """Copy the payload chunks into ``outs`` (contiguous float32 arrays filled one after
+    the other: a message carrying several shards' slices lands in each shard's row),
+    which they must fill exactly; chunks of bfloat16 values (``dtype``) are widened on
+    the way. One pass over the chunks, no intermediate array; a chunk that splits a
+    value is malformed."""
+    item = WIRE_ITEM_BYTES[dtype]
     targets = [o for o in outs if o.size]
     size = sum(len(c) for c in chunks)
-    if size != 2 * sum(t.size for t in targets):
-        raise ProtocolError(f"payload has {size} bytes, destination needs "
-                            f"{2 * sum(t.size for t in targets)}")
+    needed = item * sum(t.size for t in targets)
+    if size != needed:
+        raise ProtocolError(f"payload has {size} bytes, destination needs {needed}")
     which, pos = 0, 0  # the target being filled, and its values filled
     for chunk in chunks:
-        values, at = memoryview(chunk).cast("B"), 0
-        count = len(values) // 2
-        while at < count:
+        if len(chunk) % item:
+            raise ProtocolError(f"a tensor chunk of {len(chunk)} bytes splits a value of "
+                                f"{item} bytes")
+        values = np.frombuffer(chunk, dtype=NUMPY_DTYPES[dtype])
+        at = 0
+        while at < values.size:
             target = targets[which]
-            take = min(count - at, target.size - pos)
-            from_bfloat16(values[2 * at:2 * (at + take)], target[pos:pos + take])
+            take = min(values.size - at, target.size - pos)
+            if dtype == BFLOAT16:
+                from_bfloat16(values[at:at + take], target[pos:pos + take])
+            else:
+                target[pos:pos + take] = values[at:at + take]
             at += take
             pos += take
             if pos == target.size:
@@ -453,7 +445,7 @@ def _check_length(length: int) -> None:
 def _check_payload(chunks: Sequence[memoryview], length: int, item_bytes: int) -> None:
     if any(len(c) > CHUNK_BYTES for c in chunks):
         raise ProtocolError(f"tensor chunk larger than {CHUNK_BYTES} bytes")
-    if item_bytes != ITEM_BYTES and any(len(c) % item_bytes for c in chunks):
+    if any(len(c) % item_bytes for c in chunks):
         raise ProtocolError(f"a tensor chunk splits a value of {item_bytes} bytes")
     size = sum(len(c) for c in chunks)
     if size != length * item_bytes:

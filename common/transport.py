@@ -126,14 +126,16 @@ class Outbound(Protocol):
     def tensor(self) -> np.ndarray | Sequence[np.ndarray] | None: ...
 
 
-def largest_message(length: int) -> int:
+def largest_message(length: int, item_bytes: int = ITEM_BYTES) -> int:
     """What the largest legal message for a server process of ``length`` values (its
-    shards' together) costs a node (:func:`receive`): its header, values and envelope,
-    and ``FRAME_COST`` per frame (a sender splitting the values at the shards' spans
-    adds a frame or two, well within the header's bound)."""
-    chunks = max(1, -(-ITEM_BYTES * length // CHUNK_BYTES))
+    shards' together) of ``item_bytes`` each costs a node (:func:`receive`): its header,
+    values and envelope, and ``FRAME_COST`` per frame (a sender splitting the values at
+    the shards' spans adds a frame or two, well within the header's bound). The pushes of
+    a run with bfloat16 on the wire are sized as such (``item_bytes`` 2): a budget of
+    float32's would leave room for a hundred thousand tiny frames."""
+    chunks = max(1, -(-item_bytes * length // CHUNK_BYTES))
     frames = MAX_ENVELOPE_DEPTH + 2 + chunks  # envelope, delimiter, header, chunks
-    return (MAX_HEADER_BYTES + ITEM_BYTES * length
+    return (MAX_HEADER_BYTES + item_bytes * length
             + MAX_ENVELOPE_DEPTH * MAX_ROUTING_ID_BYTES + FRAME_COST * frames)
 
 

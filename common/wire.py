@@ -2,8 +2,9 @@
 
 bfloat16 keeps float32's sign and 8-bit exponent and the top 7 bits of its mantissa: half
 the bytes of every push (and of the worker's replay window), with float32's range, so
-the gambler's -1e20 and every NaN and infinity travel as they are. A worker rounds its
-vector once, to nearest with ties to even (torch's conversion; a NaN stays a NaN), and
+the gambler's -1e20 (rounded to -9.97e19) and the infinities keep their magnitude. A
+worker rounds its vector once, to nearest with ties to even (torch's conversion; a NaN
+stays a NaN, its payload is not kept), and
 the servers widen it back exactly (the 16 low bits zero); the reference engine rounds at
 the same point (:func:`round_to_wire`), so ``--verify`` stays bit-identical. A proxy
 corrupts the decoded values, as float32, then rounds what it forwards the same way.
@@ -11,8 +12,6 @@ PARAMS replies stay float32: the parameters are not rounded.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 
@@ -34,17 +33,11 @@ def to_bfloat16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
     return out
 
 
-def from_bfloat16(bits: np.ndarray | memoryview, out: np.ndarray) -> np.ndarray:
-    """Widen bfloat16 ``bits`` (uint16 values, or their bytes: a received frame, which
-    is only read) into float32 ``out``, exactly: each value's bits become the high half
-    of its float32."""
-    import torch
-
-    source = np.frombuffer(bits, dtype="<i2") if isinstance(bits, memoryview) else bits
-    with warnings.catch_warnings():  # a received frame is read-only: torch warns
-        warnings.simplefilter("ignore", UserWarning)
-        wide = torch.from_numpy(source.view(np.int16)).view(torch.bfloat16)
-    torch.from_numpy(out).copy_(wide)
+def from_bfloat16(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 ``bits`` (uint16 values: a received frame's, read-only, or an
+    array's) into float32 ``out``, exactly: each value's bits become the high half of
+    its float32."""
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
 
 
@@ -54,9 +47,13 @@ def to_wire(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np
     return values if dtype == FLOAT32 else to_bfloat16(values, out)
 
 
-def round_to_wire(values: np.ndarray, dtype: str) -> np.ndarray:
+def round_to_wire(values: np.ndarray, dtype: str, out: np.ndarray | None = None,
+                  bits: np.ndarray | None = None) -> np.ndarray:
     """``values`` as the servers receive them when pushed as ``dtype``: themselves for
-    float32, else rounded to bfloat16 and widened (a new array)."""
+    float32, else rounded to bfloat16 (into ``bits``, a uint16 vector, or a new one) and
+    widened (into ``out``, a float32 vector, or a new one)."""
     if dtype == FLOAT32:
         return values
-    return from_bfloat16(to_bfloat16(values), np.empty(values.shape, dtype=np.float32))
+    if out is None:
+        out = np.empty(values.shape, dtype=np.float32)
+    return from_bfloat16(to_bfloat16(values, bits), out)

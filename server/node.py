@@ -27,6 +27,7 @@ from common.transport import (
     shut_down,
     write_ready_file,
 )
+from common.wire import ITEM_BYTES as WIRE_ITEM_BYTES
 from server.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -96,7 +97,8 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     core, writer = build_core(cfg, options, process.out_dir, initial, mac_keys)
     curve = keys.server_curve(first, cfg.num_workers) if keys else None
     ctx = node_context(curve is not None)
-    listener = Listener(ctx, options.bind, curve, largest_message(core.state.size),
+    largest = largest_message(core.state.size, WIRE_ITEM_BYTES[cfg.wire_dtype])  # a push
+    listener = Listener(ctx, options.bind, curve, largest,
                         peers_per_connection=cfg.num_workers)
     core.peers.on_bar = listener.bar
     sock = listener.sock

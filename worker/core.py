@@ -115,7 +115,10 @@ class NextRound:
     None once ``round`` is past the last one). ``missed``: the pushed round closed
     without this worker, which caught up. ``owed``: the links whose PARAMS came bare
     (``push(bare_params=True)``): their slices of ``params`` are still to be filled,
-    from another worker's x^round (``borrow``) or pulled (``pull_owed``)."""
+    from another worker's x^round (``borrow``) or pulled (``pull_owed``). Once nothing is
+    owed, ``params`` is only read: the workers of a process compute from it without
+    loading it again (``GradientComputer``), and it is written again only once the pool
+    (``common.buffers``) hands it out anew, which it does when nothing holds it."""
 
     round: int
     params: np.ndarray | None

@@ -3,7 +3,10 @@
 A worker process (all its workers), the evaluator and the reference engine compute on
 one torch device each. ``auto`` takes CUDA when torch sees a GPU; ``cuda`` without an
 index spreads the worker processes of one host over the visible GPUs (torch counts only
-those ``CUDA_VISIBLE_DEVICES`` shows). Asking for CUDA where there is none is a
+those ``CUDA_VISIBLE_DEVICES`` shows): ``ps-cluster`` hands its k-th worker process GPU k
+modulo their number (:func:`spread_device`), and a worker process started alone takes
+GPU (its first worker id / its workers) modulo their number: worker i of a deployment's
+service per worker, GPU i. Asking for CUDA where there is none is a
 ``ConfigError``: one line, exit 2.
 
 On CUDA every computation is made deterministic (:func:`deterministic`): the same
@@ -109,6 +112,17 @@ def deterministic(device: torch.device) -> None:
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def spread_device(spec: str, index: int) -> str:
+    """The ``--device`` of a launcher's ``index``-th worker process: plain ``cuda`` (and
+    ``auto`` where there is a GPU) as GPU ``index`` modulo the visible GPUs, so that the
+    processes take the GPUs in turn; anything else as given."""
+    if spec in ("cuda", "auto"):
+        count = cuda_devices()
+        if count:
+            return f"cuda:{index % count}"
+    return spec
 
 
 def describe(device: torch.device) -> str:

@@ -44,14 +44,16 @@ class ClientOptions:
         "cpu", "Where the model computes: cpu, cuda (a worker process per GPU in turn, of "
         "those CUDA_VISIBLE_DEVICES shows), cuda:N, or auto (CUDA if torch sees a GPU, else "
         "the CPU). On CUDA the computation is deterministic, so a cluster and ps-simulate "
-        "on the same device end bit-identical; the servers aggregate on the CPU.",
+        "(--verify: on the first GPU) on GPUs of one model end bit-identical; the servers "
+        "aggregate on the CPU.",
         roles=(*CLIENTS, CLUSTER, SIMULATE))
 
     replay_rounds: int | None = setting(
         None, "Gradients of the last K rounds kept, to replay them to a server that "
         "restarted from an older checkpoint (K x the model size in memory per worker). "
-        "Default: 18, fewer for a large model (about 256 MiB a worker, at least 4: 6 at "
-        "10.6M parameters), whose servers save more often to match.",
+        "Default: 18, fewer for a large model (about 256 MiB of float32 a worker, at least "
+        "4: 6 at 10.6M parameters; half of it with --wire-dtype bfloat16), whose servers "
+        "save more often to match.",
         roles=(WORKER, CLUSTER), minimum=0)
 
     def replay_window(self, d: int) -> int:

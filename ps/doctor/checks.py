@@ -54,10 +54,11 @@ def versions() -> list[Finding]:
 def wire_throughput(curve: bool, messages: int, message_bytes: int = CURVE_MESSAGE_BYTES,
                     ) -> float:
     """GB/s of ``messages`` messages of ``message_bytes`` from a DEALER to a ROUTER on
-    loopback TCP in this process (sent without a copy, as a worker pushes), each
-    encrypted and decrypted by CURVE with ``curve`` (on two ZeroMQ I/O threads, as a
-    keyed server's): what one connection of a cluster moves at most. The context is
-    terminated before this returns (a launcher forks afterwards)."""
+    loopback TCP in this process, each encrypted and decrypted by CURVE with ``curve``
+    (on two ZeroMQ I/O threads, as a keyed server's): what one connection of a cluster
+    moves at most. The messages are copied into ZeroMQ (a zero-copy send starts pyzmq's
+    garbage-collector thread, which would outlive this), and the context is terminated
+    before this returns: a launcher forks afterwards."""
     import zmq
 
     ctx = zmq.Context(io_threads=2)
@@ -78,7 +79,7 @@ def wire_throughput(curve: bool, messages: int, message_bytes: int = CURVE_MESSA
         server.recv_multipart()
         started = time.perf_counter()
         for _ in range(messages):
-            client.send(payload, copy=False)
+            client.send(payload)
         for _ in range(messages):
             server.recv_multipart(copy=False)
         seconds = time.perf_counter() - started
@@ -180,15 +181,15 @@ def cuda() -> list[Finding]:
 
 def placement(device: str, workers: int, processes: int | None) -> list[Finding]:
     """Where each worker process of ``ps-cluster --device DEVICE --workers N
-    --worker-processes W`` computes (``worker.run``: a process's first worker over its
-    block's size picks its GPU in turn; W None: ps-cluster's default)."""
+    --worker-processes W`` computes (the k-th takes GPU k in turn,
+    ``worker.device.spread_device``; W None: ps-cluster's default)."""
     from ps.launcher.options import ClusterOptions
-    from worker.device import select_device
+    from worker.device import select_device, spread_device
 
     blocks = ClusterOptions(worker_processes=processes).worker_blocks(workers)
     try:
-        places = [(block, select_device(device, slot=block[0] // len(block)))
-                  for block in blocks]
+        places = [(block, select_device(spread_device(device, k)))
+                  for k, block in enumerate(blocks)]
     except Exception as exc:  # ConfigError: CUDA asked for and absent
         return [Finding("placement", f"--device {device}: refused", str(exc))]
     text = "; ".join(f"worker-{b[0]} (workers {b[0]}-{b[-1]}): {d}" for b, d in places)

@@ -48,6 +48,7 @@ from ps.launcher.supervise import Supervisor, raise_if_failed
 from ps.proxy.options import ProxyOptions
 from server.checkpoint import final_parameters, model_size
 from server.options import ServerOptions, check_replayable
+from worker.device import spread_device
 from worker.options import ClientOptions, EvalOptions
 
 log = logging.getLogger("ps.cluster")
@@ -265,8 +266,10 @@ class Cluster:
         attack = self.spec.attack
         team = (workers,) if isinstance(workers, int) else workers
         first = team[0]
+        place = list(self.teams).index(first) if first in self.teams else first
         client = replace(self.spec.client, servers=",".join(endpoints),
-                         worker_id=format_shard_set(team))
+                         worker_id=format_shard_set(team),
+                         device=spread_device(self.spec.client.device, place))
         lies = ((attack, *attack.active(attack.worker_attack))
                 if any(map(attack.is_byzantine, team)) else ())
         return child_argv(WORKER, client, *lies, self.spec.cfg, self.security,

@@ -241,7 +241,9 @@ class ProxyCore:
             self._route(peer, push.worker)
         if self.corruptor.whole_round:
             held = self.tables.held[push.round]
-            held[push.worker] = _HeldPush(envelope, push, np.array(msg.tensor()))
+            # a copy of its own, which the attack may change (a bfloat16 push's is one)
+            held[push.worker] = _HeldPush(envelope, push,
+                                          np.require(msg.tensor(), requirements="WO"))
             if len(held) == self.cfg.num_workers:
                 return self._release_round(push.round)
             return []

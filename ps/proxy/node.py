@@ -30,6 +30,7 @@ from common.transport import (
     shut_down,
     write_ready_file,
 )
+from common.wire import ITEM_BYTES as WIRE_ITEM_BYTES
 from ps.proxy.core import ProxyCore
 from ps.proxy.options import ProxyOptions
 
@@ -97,9 +98,11 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                               f"none of --proxy-shards {format_shard_set(targets)}")
         out = process.out_dir
         metrics = JsonlWriter(out / f"proxy-{hosted[0]}.jsonl" if out else None)
-        largest = largest_message(welcome.length)
+        largest = largest_message(welcome.length)  # a PARAMS reply, float32
         front_curve = keys.front_curve(hosted[0], cfg.num_workers) if keys else None
-        front = Listener(ctx, options.bind, front_curve, largest)
+        # a worker's push, in the run's --wire-dtype
+        front = Listener(ctx, options.bind, front_curve,
+                         largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype]))
         core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar, targets=targets)
         log.info("fronting shards %s (corrupting %s) at %s -> %s with attack %s",
                  core.name, format_shard_set(core.targets), front.endpoint, options.server,

@@ -30,7 +30,7 @@ from common.errors import ConfigError
 from common.model_init import initial_parameters
 from common.process import check_stop
 from common.sharding import shard_ranges
-from common.wire import round_to_wire
+from common.wire import FLOAT32, round_to_wire
 from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
@@ -81,6 +81,9 @@ class Simulation:
         vectors = HostBuffers(self.computer.d)
         self.workers = [WorkerStep(cfg, attack, self.computer, i, vectors)
                         for i in range(cfg.num_workers)]
+        # with bfloat16 on the wire: the pushes as the servers widen them, and the bits
+        self.wired = HostBuffers(self.computer.d)
+        self.bits = HostBuffers(self.computer.d, dtype=np.uint16)
         self.tracking: set[int] = set()
 
     def params(self) -> np.ndarray:
@@ -119,7 +122,7 @@ class Simulation:
                 grads[i] = self.workers[i](views[i], t)[0]
         # each worker sends its vector as --wire-dtype: rounded there (after the forgers
         # read the honest vectors, which they recompute unrounded)
-        grads = [round_to_wire(g, self.cfg.wire_dtype) for g in grads]
+        grads = [self._wire(g) for g in grads]
         metrics = []
         for s, (a, b) in enumerate(self.ranges):
             pushes = [g[a:b] for g in grads]
@@ -135,6 +138,16 @@ class Simulation:
             metrics.append(self.shards[s].step())
         self.last_metrics = metrics
         return metrics
+
+    def _wire(self, values: np.ndarray) -> np.ndarray:
+        """``values`` as a server receives them (rounded to --wire-dtype; a whole vector
+        into reused ones, a shard's slice, as a proxy forwards it, into new ones)."""
+        if self.cfg.wire_dtype == FLOAT32:
+            return values
+        whole = values.size == self.wired.length
+        return round_to_wire(values, self.cfg.wire_dtype,
+                             self.wired.take() if whole else None,
+                             self.bits.take() if whole else None)
 
     @staticmethod
     def _pulled_alike(views: list[np.ndarray], worker: int, others: list[int]) -> bool:
@@ -160,15 +173,14 @@ class Simulation:
     ) -> list[np.ndarray]:
         """The pushes as the proxy forwards them (those aggregated are the ones counted),
         rounded to --wire-dtype as it sends them."""
-        wire = self.cfg.wire_dtype
         if corruptor.whole_round:
             out, changed = corruptor.corrupt_round(t, pushes)
             self.corrupted_values += changed
-            return [round_to_wire(p, wire) for p in out]
+            return [self._wire(p) for p in out]
         out = list(pushes)
         for i in aggregated:
             corrupted, changed = corruptor.corrupt_push(t, i, pushes[i])
-            out[i] = round_to_wire(corrupted, wire)
+            out[i] = self._wire(corrupted)
             self.corrupted_values += changed
         return out
 

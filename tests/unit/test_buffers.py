@@ -59,6 +59,22 @@ def test_vectors_are_float32_of_the_length_asked() -> None:
         HostBuffers(-1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_views_of_a_tensor_s_vector_hold_the_vector(dtype) -> None:
+    """The pinned vectors (CUDA) are a tensor's memory: a view of one must reference the
+    vector itself, as a zero-copy frame of a pushed slice does, or the pool would hand
+    it out while it is being sent (here on unpinned memory, the same layout)."""
+    from common.buffers import _references, tensor_vector
+
+    _, vector = tensor_vector(100, np.dtype(dtype), pinned=False)
+    held = [vector]
+    before = _references(held, 0)
+    frame = memoryview(vector[10:20])
+    assert _references(held, 0) == before + 1
+    del frame
+    assert _references(held, 0) == before
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_pinned_vectors_need_cuda() -> None:
     with pytest.raises(RuntimeError):

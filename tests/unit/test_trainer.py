@@ -70,3 +70,45 @@ def test_read_only_parameters_are_accepted_and_wrong_ones_refused() -> None:
         computer.gradient(x.astype(np.float64), 0, 0)
     with pytest.raises(ValueError, match="shape"):
         computer.gradient(x[:-1], 0, 0)
+
+
+def test_workers_computing_from_one_received_array_load_it_once_and_get_their_own_gradients(
+        ) -> None:
+    """The workers of a process compute one after the other from the same x^t array:
+    loaded for the first, kept for the others (a received x^t is only read), each
+    gradient bit for bit that of a model loaded afresh; another array is loaded."""
+    cfg = RunConfig(dataset="synthetic", model="cnn", num_workers=4, rule="mean").validate()
+    data = load_dataset("synthetic", seed=cfg.seed)
+    shared, fresh = GradientComputer(cfg, data), GradientComputer(cfg, data)
+    x = initial_parameters(cfg)
+    loads = []
+    original = shared.flat_params.copy_
+    shared.flat_params.copy_ = lambda source: (loads.append(1), original(source))[1]
+    for worker in range(cfg.num_workers):
+        g, _ = shared.gradient(x, 3, worker)
+        expected, _ = fresh.gradient(x.copy(), 3, worker)
+        assert np.array_equal(g.view(np.uint32), expected.view(np.uint32))
+    assert len(loads) == 1
+    y = x + np.float32(0.01)
+    g, _ = shared.gradient(y, 3, 0)
+    assert len(loads) == 2
+    assert np.array_equal(g.view(np.uint32), fresh.gradient(y.copy(), 3, 0)[0].view(np.uint32))
+
+
+def test_resnet18_trains_on_cifar10_read_from_its_official_batches(tmp_path) -> None:
+    """CIFAR-10's python batches written as the official ones are, read by the real
+    loader from --data-dir, and ResNet-18 (GroupNorm) computing a gradient on them: finite,
+    and a step along it lowers the minibatch loss."""
+    from tests.unit.test_data import write_cifar
+
+    write_cifar(tmp_path / "cifar-10-batches-py", per_batch=16)
+    cfg = RunConfig(dataset="cifar10", model="resnet18", num_workers=2, batch_size=8,
+                    rule="mean").validate()
+    data = load_dataset("cifar10", tmp_path)
+    computer = GradientComputer(cfg, data)
+    assert computer.d == 11_173_962 and data.input_shape == (3, 32, 32)
+    x = initial_parameters(cfg)
+    g, loss = computer.gradient(x, 0, 1)
+    assert np.isfinite(g).all() and np.isfinite(loss) and np.abs(g).sum() > 0
+    _, after = computer.gradient((x - np.float32(0.002) * g).astype(np.float32), 0, 1)
+    assert after < loss

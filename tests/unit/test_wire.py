@@ -126,3 +126,48 @@ def test_a_push_of_another_dtype_than_the_run_s_is_refused() -> None:
         check_push(window, 2, 1, 100, dtype=FLOAT32)
     assert refused.value.code == ErrorCode.WRONG_DTYPE
     assert "--wire-dtype is bfloat16" in str(refused.value)
+
+
+def test_a_float32_push_header_is_what_protocol_3_peers_read() -> None:
+    """``dtype`` is sent only for bfloat16: a float32 PUSH's header has the fields it had
+    before the field existed (a peer of before refuses unknown fields)."""
+    import msgpack
+
+    def fields(header: Push) -> set:
+        return set(msgpack.unpackb(encode(header, np.zeros(4, np.float32))[0]))
+
+    assert fields(Push(round=1, worker=2, length=4)) == {
+        "v", "op", "round", "worker", "length", "pull_next", "bare_params"}
+    assert "dtype" in fields(Push(round=1, worker=2, length=4, dtype=BFLOAT16))
+    assert decode(encode(Push(round=1, worker=2, length=4), np.zeros(4, np.float32))
+                  ).header.dtype == FLOAT32
+
+
+def test_a_bfloat16_push_in_many_small_chunks_costs_a_few_microseconds_each() -> None:
+    """A hostile sender may split a push into as many frames as its size allows: each
+    chunk is widened with one numpy call (no per-call set-up: a thousand small chunks
+    take milliseconds, and the server's budget for a bfloat16 push leaves room for about
+    a thousand more frames than it needs)."""
+    import time
+
+    values = np.random.default_rng(3).standard_normal(2000 * 8).astype(np.float32)
+    bits = to_bfloat16(values)
+    chunks = [memoryview(bits[i:i + 8]).cast("B") for i in range(0, bits.size, 8)]
+    frames = [reheaded_unchecked(Push(round=0, worker=0, length=bits.size,
+                                      dtype=BFLOAT16), [])[0], *chunks]
+    msg = decode(frames)
+    out = np.empty(bits.size, dtype=np.float32)
+    started = time.perf_counter()
+    msg.tensor_into(out)
+    assert time.perf_counter() - started < 1.0  # about 10 ms for 2,000 chunks here
+    np.testing.assert_array_equal(out, round_to_wire(values, BFLOAT16))
+
+
+def test_a_push_is_sized_by_its_wire_dtype_at_the_server() -> None:
+    """What the server and a proxy's front take as the largest legal push: 2 bytes a
+    value with bfloat16, so a bfloat16 push has no float32-sized budget to spend on
+    frames."""
+    from common.transport import largest_message
+
+    n = 10_000_000
+    assert 2 * n < largest_message(n, 2) < 2 * n + 100_000 < largest_message(n) - 1.9 * n
