@@ -92,6 +92,10 @@ def tensor_vector(length: int, dtype: np.dtype, pinned: bool) -> tuple[object, n
     another dtype would hold the first array, and the pool would not see it."""
     import torch
 
-    kinds = {np.dtype(np.float32): torch.float32, np.dtype(np.uint16): torch.uint16}
-    tensor = torch.empty(length, dtype=kinds[np.dtype(dtype)], pin_memory=pinned)
+    names = {np.dtype(np.float32): "float32", np.dtype(np.uint16): "uint16"}
+    kind = getattr(torch, names.get(np.dtype(dtype), ""), None)  # uint16: torch >= 2.3
+    if kind is None:
+        raise ValueError(f"no torch tensor of {np.dtype(dtype)} values here (torch "
+                         f"{torch.__version__})")
+    tensor = torch.empty(length, dtype=kind, pin_memory=pinned)
     return tensor, tensor.numpy()

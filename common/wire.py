@@ -37,7 +37,9 @@ def from_bfloat16(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Widen bfloat16 ``bits`` (uint16 values: a received frame's, read-only, or an
     array's) into float32 ``out``, exactly: each value's bits become the high half of
     its float32."""
-    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    wide = out.view(np.uint32)
+    wide[:] = bits  # (faster than one left_shift of the uint16 values into uint32)
+    wide <<= 16
     return out
 
 

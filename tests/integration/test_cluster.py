@@ -113,6 +113,7 @@ def test_bfloat16_on_the_wire_ends_bit_identical_and_differs_from_float32(
     assert np.isfinite(result.params).all()
     torch.set_num_threads(1)
     reference = simulate(cfg, attack)
+    assert (reference.corrupted_values > 0) == (attack.proxy_attack != "none")
     assert reference.digest == result.digest
     assert simulate(replace(cfg, wire_dtype="float32"), attack).digest != result.digest
     proxies = [r for f in (tmp_path / "run").glob("proxy-*.jsonl") for r in read_jsonl(f)]

@@ -14,10 +14,15 @@ from ps.doctor.cli import main
 from ps.launcher.cli import slow_curve
 
 
-def test_the_wire_is_measured_with_and_without_curve() -> None:
+def test_the_wire_is_measured_with_and_without_curve_and_leaves_no_thread() -> None:
+    """... and nothing of ZeroMQ running afterwards: ps-cluster measures before it forks."""
+    import threading
+
+    before = threading.active_count()
     plain = checks.wire_throughput(False, 2, 1 << 20)
     curve = checks.wire_throughput(True, 2, 1 << 20)
     assert plain > 0 and curve > 0
+    assert threading.active_count() == before
 
 
 def test_a_fast_curve_is_quiet_and_a_slow_one_names_the_fix() -> None:
@@ -75,3 +80,7 @@ def test_placement_spreads_worker_processes_over_the_gpus(monkeypatch) -> None:
     found = checks.placement("cuda", 20, 4)[0]
     assert found.values == {"worker-0": "cuda:0", "worker-5": "cuda:1",
                             "worker-10": "cuda:0", "worker-15": "cuda:1"}
+    # unequal blocks (3, 3, 2, 2): the k-th process, not its first worker, picks
+    uneven = checks.placement("auto", 10, 4)[0]
+    assert list(uneven.values.values()) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert checks.placement("cuda:1", 10, 4)[0].values["worker-8"] == "cuda:1"

@@ -103,6 +103,9 @@ def test_a_payload_that_does_not_match_its_dtype_is_malformed() -> None:
         decode(reheaded_unchecked(header, float32_frames[1:]))
     with pytest.raises(ProtocolError, match="splits a value of 2 bytes"):
         decode(reheaded_unchecked(header, [b"\0" * 7, b"\0" * 13]))
+    with pytest.raises(ProtocolError, match="splits a value of 4 bytes"):  # float32 too
+        decode(reheaded_unchecked(Push(round=0, worker=0, length=5, dtype=FLOAT32),
+                                  [b"\0" * 6, b"\0" * 14]))
     with pytest.raises(ProtocolError, match="dtype 'float16' is none of float32, bfloat16"):
         decode(reheaded_unchecked(Push(round=0, worker=0, length=10, dtype="float16"),
                                   [b"\0" * 20]))
