@@ -183,6 +183,7 @@ def placement(device: str, workers: int, processes: int | None) -> list[Finding]
     """Where each worker process of ``ps-cluster --device DEVICE --workers N
     --worker-processes W`` computes (the k-th takes GPU k in turn,
     ``worker.device.spread_device``; W None: ps-cluster's default)."""
+    from common.errors import ConfigError
     from ps.launcher.options import ClusterOptions
     from worker.device import select_device, spread_device
 
@@ -190,7 +191,7 @@ def placement(device: str, workers: int, processes: int | None) -> list[Finding]
     try:
         places = [(block, select_device(spread_device(device, k)))
                   for k, block in enumerate(blocks)]
-    except Exception as exc:  # ConfigError: CUDA asked for and absent
+    except ConfigError as exc:  # CUDA asked for and absent, or a bad --device
         return [Finding("placement", f"--device {device}: refused", str(exc))]
     text = "; ".join(f"worker-{b[0]} (workers {b[0]}-{b[-1]}): {d}" for b, d in places)
     return [Finding("placement", f"--device {device}, n={workers} in {len(blocks)} worker "
