@@ -17,9 +17,12 @@ when a connection is made, and by ``server.sessions.check_claim`` for every mess
   it a key the server of its shard accepts (and the key of the server it impersonates).
 
 ``ps-keys`` writes a directory (secret files created mode 0600, never wider); every role
-reads the keys it needs with :class:`KeyRing`, which refuses a key directory that
-others may write and a secret file that others may read. :func:`needed_keys` says which
-files a process of each identity loads (what a deployment hands it, and nothing else).
+reads the keys it needs with :class:`KeyRing`, which refuses a key directory, or a key
+file (public ones included), that is not owned by the process's user (or root) or that
+others may write, a directory above it that others may write (without the sticky bit)
+or another user owns, and a secret file that others may read or that is a symbolic link.
+:func:`needed_keys` says which files a process of each identity loads (what a deployment
+hands it, and nothing else).
 """
 
 from __future__ import annotations
@@ -148,13 +151,91 @@ def _write_pairs(directory: Path, names: list[str], force: bool) -> None:
 
 
 def _check_directory(directory: Path) -> None:
-    """``ConfigError`` if others than its owner may write ``directory`` (they could add
-    or replace a key that the run then admits)."""
-    mode = directory.stat().st_mode
+    """``ConfigError`` unless ``directory`` is safe to take keys from: owned by this
+    process's user or root, writable by nobody else (others could add or replace a key
+    that the run then admits), and so are the directories above it
+    (:func:`_check_ancestors`)."""
+    st = directory.stat()
+    _check_owner(directory, st, "key directory", "its owner can add or replace keys; "
+                 "write the keys into a directory of your own (ps-keys --dir)")
+    mode = st.st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(f"key directory {directory} is writable by its group or by anyone "
                           f"(mode {stat.S_IMODE(mode):04o}): anyone who can add a key there "
                           f"joins the run; chmod go-w it")
+    _check_ancestors(directory, f"key directory {directory}")
+
+
+def _check_ancestors(path: Path, what: str) -> None:
+    """``ConfigError`` if a directory above ``path`` (a key directory, or the file a
+    public key's symbolic link points to; ``what`` names it in the message) is writable
+    by others without the sticky bit, or owned by another user than this process's or
+    root: whoever may rename an entry there can swap the whole key directory (or file)
+    for one of their own, whatever the modes inside. A sticky directory (``/tmp``: mode
+    1777) lets only an entry's owner rename it, so it is fine. Both the path as written
+    (made absolute) and the path its symbolic links resolve to are walked up to ``/``: a
+    few ``stat`` calls. Group write is not refused above the key directory (umask 002
+    with a private group per user makes every directory so; the key directory itself
+    must not be group-writable)."""
+    euid = os.geteuid()
+    seen: set[Path] = set()
+    for walked in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        for entry in (walked, *walked.parents[:-1]):  # each entry, in its parent
+            parent = entry.parent
+            if parent in seen:
+                continue
+            seen.add(parent)
+            st = parent.stat()
+            mode = stat.S_IMODE(st.st_mode)
+            if st.st_uid not in (euid, 0):
+                raise ConfigError(f"{what} lies in {parent}, owned by uid {st.st_uid}, not by "
+                                  f"you (uid {euid}) nor root: its owner can rename "
+                                  f"{entry.name} and swap in keys of their own; move the keys "
+                                  f"to a directory of yours")
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                raise ConfigError(f"{what} lies in {parent}, which anyone may write (mode "
+                                  f"{mode:04o}, no sticky bit): anyone can rename "
+                                  f"{entry.name} and swap in keys of their own; chmod o-w "
+                                  f"{parent} (or chmod +t)")
+
+
+def _check_owner(path: Path, st: os.stat_result, what: str, why: str) -> None:
+    """``ConfigError`` unless ``path`` (``st``: its ``stat``) belongs to this process's
+    user or to root (who can replace anything anyway)."""
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        raise ConfigError(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid "
+                          f"{euid}) nor root: {why}")
+
+
+def _check_key_file(path: Path, name: str, secret: bool) -> None:
+    """``ConfigError`` unless the key file ``path`` (of ``name``) is safe to use: owned
+    by this process's user or root, a secret readable by its owner only and not a
+    symbolic link, a public key writable by its owner only (anyone who could replace
+    ``worker-3.key`` would be admitted as worker 3). A public key may be a symbolic link:
+    the file it points to is the one checked, and the directories above it too."""
+    if secret:
+        if path.is_symlink():
+            raise ConfigError(f"secret key {path} is a symbolic link (to "
+                              f"{os.path.realpath(path)}): put the file itself there, mode "
+                              f"0600 (ps-keys writes it so)")
+        st = path.stat()
+        _check_owner(path, st, "secret key", "its owner can read it and replace it; use "
+                     "keys of your own (ps-keys)")
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"secret key {path} is accessible to its group or to anyone "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
+        return
+    st = path.stat()  # the file a symbolic link points to: the one opened
+    _check_owner(path, st, "public key", f"its owner can replace it and be admitted as "
+                 f"{name}; chown it to you or write new keys (ps-keys)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"public key {path} is writable by its group or by anyone (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}): anyone who can replace it is "
+                          f"admitted as {name}; chmod go-w it")
+    if path.is_symlink():
+        real = os.path.realpath(path)
+        _check_ancestors(Path(real), f"public key {path} (a link to {real})")
 
 
 @dataclass(frozen=True)
@@ -201,7 +282,16 @@ class SecurityOptions:
 
 
 class KeyRing:
-    """Reads the keys of a run from a key directory (as each role needs them)."""
+    """Reads the keys of a run from a key directory (as each role needs them).
+
+    Refuses (``ConfigError``, one line naming the path, its owner or mode, and the fix)
+    a directory or key file it cannot trust: one owned by another user than this
+    process's (root is trusted: it can replace anything anyway), one others may write
+    (a world-writable ``worker-3.key`` lets anyone be admitted as worker 3), a directory
+    above the key directory that others may write without the sticky bit or that another
+    user owns (whoever can rename the key directory can swap it), a secret file others
+    may read, or a secret file that is a symbolic link. The directory is checked here,
+    each file as it is loaded (``os.stat`` of the file opened)."""
 
     def __init__(self, directory: Path) -> None:
         if not directory.is_dir():
@@ -215,12 +305,9 @@ class KeyRing:
         return self._load(name, PUBLIC_SUFFIX)[0]
 
     def pair(self, name: str) -> tuple[bytes, bytes]:
-        """(public, secret) of ``name``; ``ConfigError`` if its secret file is missing or
-        others than its owner may read it (as ssh refuses such a private key)."""
-        path = self.directory / (name + SECRET_SUFFIX)
-        if path.is_file() and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"secret key {path} is accessible to its group or to anyone "
-                              f"(mode {stat.S_IMODE(path.stat().st_mode):04o}); chmod 600 it")
+        """(public, secret) of ``name``; ``ConfigError`` if its secret file is missing,
+        others than its owner may read it (as ssh refuses such a private key), another
+        user owns it or it is a symbolic link (:func:`_check_key_file`)."""
         public, secret = self._load(name, SECRET_SUFFIX)
         if secret is None:
             raise ConfigError(f"{self.directory / (name + SECRET_SUFFIX)} holds no secret key")
@@ -263,6 +350,7 @@ class KeyRing:
         path = self.directory / (name + suffix)
         if not path.is_file():
             raise ConfigError(f"no key for {name}: {path} is missing (ps-keys writes it)")
+        _check_key_file(path, name, secret=suffix == SECRET_SUFFIX)
         try:
             return zmq.auth.load_certificate(str(path))
         except (OSError, ValueError) as exc:

@@ -59,7 +59,7 @@ def main(workers: int, shards: int, rounds: int, kill_at: int, victim: int,
                            client=ClientOptions(timeout_s=30.0),
                            cluster=ClusterOptions(max_restarts=0, no_evaluator=True,
                                                   worker_processes=workers),  # one each
-                           server=ServerOptions(round_timeout_s=round_timeout, quorum=quorum),
+                           server=ServerOptions(round_timeout=str(round_timeout), quorum=quorum),
                            security=SecurityOptions())
         report = _measure(spec, kill_at, f"worker-{victim}")
     click.echo(json.dumps(report, indent=2))
@@ -87,7 +87,7 @@ def _measure(spec: ClusterSpec, kill_at: int, victim: str) -> dict:
     after = _rate(lines, killed_at + 2, last)
     return {
         "workers": spec.cfg.num_workers, "shards": spec.cfg.num_shards,
-        "round_timeout_s": spec.server.round_timeout_s, "quorum": spec.server.quorum,
+        "round_timeout": spec.server.round_timeout, "quorum": spec.server.quorum,
         "killed_at_round": killed_at,
         "rounds_per_s_before": round(before, 2),
         "rounds_per_s_after": round(after, 2),

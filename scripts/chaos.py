@@ -831,7 +831,7 @@ def main(quota: int, workers: int, honest: int, shards: int, rounds: int | None,
                            cluster=ClusterOptions(no_evaluator=False, max_restarts=0,
                                                   run_timeout_s=run_timeout,
                                                   server_processes=shards),  # server-1
-                           server=ServerOptions(round_timeout_s=round_timeout, quorum=honest),
+                           server=ServerOptions(round_timeout=str(round_timeout), quorum=honest),
                            security=SecurityOptions(keys=keys))
         options = {"idle": idle_connections, "strangers": strangers,
                    "giant_seconds": giant_seconds, "window_wait_s": window_wait,

@@ -70,7 +70,7 @@ def main(workers: int, shards: int, rounds: int, rule: str, q: int, round_timeou
             client=ClientOptions(timeout_s=5.0),
             cluster=ClusterOptions(max_restarts=3, server_processes=shards,
                                    worker_processes=workers),  # a process each
-            server=ServerOptions(round_timeout_s=round_timeout, quorum=quorum,
+            server=ServerOptions(round_timeout=str(round_timeout), quorum=quorum,
                                  checkpoint_every=10),
             security=SecurityOptions())
         report = _run_with_faults(spec, schedule)

@@ -6,9 +6,10 @@ names; ``done(now)`` says when the node may exit. The core owns everything a nod
 decides:
 
 * the hosted shards' states and their round step together (``ShardGroup``: one PUSH
-  carries a worker's slices of every hosted shard), and the round deadline: with
-  ``--round-timeout`` a round closes that long after its first push with the pushes
-  that are in, if at least the quorum K (else it waits for the K-th and logs why once);
+  carries a worker's slices of every hosted shard), and the round deadline
+  (``server/deadline.py``: by default adaptive, a fixed ``--round-timeout``, or none): a
+  round closes that long after its first push with the pushes that are in, if at least
+  the quorum K (else it waits for the K-th and logs why once);
   a push that comes after its round closed is answered ``stale-round``;
 * who is absent: a worker a round closed without (dead, barred, or a straggler) is
   absent, and later rounds close as soon as every present worker has pushed (with the
@@ -142,6 +143,7 @@ class ServerCore:
         self.bytes_in = 0
         self.finished_at: float | None = None
         self.quorum = options.rows_needed(cfg)
+        self.round_deadline = options.deadline()  # None: every round waits for all n
         self.round_opened: float | None = None  # when the current round's first push came
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
         self.absent = np.zeros(cfg.num_workers, dtype=bool)
@@ -214,10 +216,9 @@ class ServerCore:
 
     def deadline(self) -> float | None:
         """When the current round may close without all n pushes (None: it may not)."""
-        timeout = self.options.round_timeout_s
-        if timeout is None or self.round_opened is None or self.state.finished:
+        if self.round_deadline is None or self.round_opened is None or self.state.finished:
             return None
-        return self.round_opened + timeout
+        return self.round_opened + self.round_deadline.seconds()
 
     def _closing(self, now: float) -> str | None:
         """Why the round may close now: ``all`` n pushes are in; every ``present`` worker
@@ -430,6 +431,8 @@ class ServerCore:
         """
         stepped = self.state.step()
         m = stepped[-1][1]  # the participation is every hosted shard's
+        if self.round_deadline is not None and self.round_opened is not None:
+            self.round_deadline.observe(now - self.round_opened, closing)
         self.round_opened = None
         if m.missing:
             newly = [w for w in m.missing if not self.absent[w]]

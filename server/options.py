@@ -10,6 +10,7 @@ from common.replay import REPLAY_SLACK, default_checkpoint_every
 from common.rules import RuleError
 from common.settings import CLUSTER, SERVER, setting
 from common.sharding import ShardSet, parse_shard_set
+from server.deadline import AUTO, RoundDeadline
 
 # By default every 8 rounds for the paper's models (``common/replay.py``: fewer for a large
 # model): a checkpoint (a file written and fsynced, its directory fsynced) costs about 1.4
@@ -59,13 +60,17 @@ class ServerOptions:
         roles=(SERVER, CLUSTER), minimum=0)
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))
-    round_timeout_s: float | None = setting(
-        None, "Close a round this many seconds after its first push with the pushes that "
-        "are in, if at least --quorum (default: wait for all n, the paper's synchronous "
-        "SGD).", flag="--round-timeout", roles=(SERVER, CLUSTER), minimum=0.001)
+    round_timeout: str = setting(
+        AUTO, "How long a round waits for missing pushes after its first one, then closes "
+        "with those in if at least --quorum: auto (the default: 10 times the median of "
+        "recent rounds, at least 5 s, 30 s until a round closed; a healthy run never "
+        "reaches it, a worker that stops answering costs one deadline), SECONDS, or none "
+        "(wait for all n, the paper's strictly synchronous SGD).",
+        flag="--round-timeout", roles=(SERVER, CLUSTER))
     quorum: int | None = setting(
-        None, "Pushes a round needs to close at its deadline (default n; at least n - q, "
-        "and enough rows for the rule).", roles=(SERVER, CLUSTER), minimum=1)
+        None, "Pushes a round needs to close at its deadline (default: n - q, or the "
+        "fewest above it that the rule can aggregate; at least n - q).",
+        roles=(SERVER, CLUSTER), minimum=1)
 
     def checkpoint_interval(self, d: int) -> int:
         """``--checkpoint-every``, or its default for a model of ``d`` values."""
@@ -80,22 +85,30 @@ class ServerOptions:
         except ConfigError as exc:
             raise ConfigError(f"--shard: {exc}") from None
 
+    def deadline(self) -> RoundDeadline | None:
+        """The round deadline of ``--round-timeout`` (None: wait for all n);
+        ``ConfigError`` for an unreadable value."""
+        return RoundDeadline.parse(self.round_timeout)
+
     def rows_needed(self, cfg: RunConfig) -> int:
         """The quorum K: pushes a round needs to close at its deadline (n without one)."""
-        if self.round_timeout_s is None or self.quorum is None:
+        if self.deadline() is None:
             return cfg.num_workers
-        return self.quorum
+        if self.quorum is not None:
+            return self.quorum
+        return default_quorum(cfg)
 
     def check(self, cfg: RunConfig) -> ServerOptions:
-        """``ConfigError`` for shards outside the run or a quorum the run cannot use,
-        naming both numbers."""
+        """``ConfigError`` for shards outside the run, an unreadable deadline or a quorum
+        the run cannot use, naming both numbers."""
         self.shards(cfg)
         n, q = cfg.num_workers, cfg.q
+        deadline = self.deadline()
         if self.quorum is None:
             return self
-        if self.round_timeout_s is None:
-            raise ConfigError(f"--quorum {self.quorum} needs --round-timeout (without a "
-                              f"deadline every round waits for all n={n} pushes)")
+        if deadline is None:
+            raise ConfigError(f"--quorum {self.quorum} needs a round deadline (with "
+                              f"--round-timeout none every round waits for all n={n} pushes)")
         if not n - q <= self.quorum <= n:
             raise ConfigError(f"--quorum {self.quorum} must be in n - q..n = {n - q}..{n} "
                               f"(n={n} workers, q={q} Byzantine)")
@@ -105,3 +118,16 @@ class ServerOptions:
             raise ConfigError(f"--quorum {self.quorum}: rule {cfg.rule} cannot aggregate "
                               f"{self.quorum} rows with q={q}: {exc}") from exc
         return self
+
+
+def default_quorum(cfg: RunConfig) -> int:
+    """n - q, or the fewest rows above it that the --pre chain and the rule can
+    aggregate at this q (n always can: the run's settings were validated for it)."""
+    n = cfg.num_workers
+    for rows in range(max(1, n - cfg.q), n):
+        try:
+            cfg.check_rows(rows)
+        except RuleError:
+            continue
+        return rows
+    return n

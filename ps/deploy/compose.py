@@ -82,6 +82,7 @@ from ps.commands import DEPLOYED, command_of, setting_classes
 from ps.deploy import resources
 from ps.launcher.options import ClusterOptions
 from ps.proxy.options import ProxyOptions
+from server.deadline import AUTO, NONE
 from server.options import ServerOptions, check_replayable
 from worker.options import ClientOptions, EvalOptions
 
@@ -206,7 +207,22 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     attack = replace(scenario, params=params, proxy_shards=proxies,
                      byzantine_workers=byzantine,
                      worker_attack=options["worker_attack"] if byzantine else NO_ATTACK)
-    return Deployment(cfg, attack.validate(cfg), env, server_blocks_of(env, cfg.num_shards))
+    attack = attack.validate(cfg)
+    server = from_environ(ServerOptions, env, {SERVER}, shard=0)
+    if attack.proxy_holds_rounds and server.round_timeout != AUTO and server.deadline():
+        raise ConfigError(f"PS_ROUND_TIMEOUT={server.round_timeout}: the proxy attack "
+                          f"{attack.proxy_attack} holds each round until all n pushes are in, "
+                          "which a round closed without some workers never has")
+    return Deployment(cfg, attack, env, server_blocks_of(env, cfg.num_shards))
+
+
+def server_options(dep: Deployment, **fixed: Any) -> ServerOptions:
+    """A server's settings from the env file; the default round deadline yields to a
+    proxy attack that holds each round until all n pushes are in (as in ps-cluster)."""
+    options = dep.settings(ServerOptions, SERVER, **fixed)
+    if dep.attack.proxy_holds_rounds and options.round_timeout == AUTO:
+        return replace(options, round_timeout=NONE)
+    return options
 
 
 def endpoint(host: str) -> str:
@@ -260,9 +276,9 @@ def service_environments(dep: Deployment, keys_dir: Path = KEYS_DIR,
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for name, block in servers.items():
         out[name] = ("ps-server", _environment(
-            SERVER, dep.settings(ServerOptions, SERVER, shard=format_shard_set(block),
-                                 bind=f"tcp://0.0.0.0:{PORT}",
-                                 resume=True),  # a restarted container goes on
+            SERVER, server_options(dep, shard=format_shard_set(block),
+                                   bind=f"tcp://0.0.0.0:{PORT}",
+                                   resume=True),  # a restarted container goes on
             SecurityOptions(keys=keys_dir),
             dep.settings(ProcessOptions, SERVER, out_dir=OUT_DIR, ready_file=READY_FILE)))
     for first in dep.proxied:

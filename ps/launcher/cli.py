@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -84,8 +85,8 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
                 saved.cluster, server_processes=saved.cfg.num_shards))
         own = {name: getattr(spec.cluster, name) for name in RESUME_OWN_OPTIONS}
         spec = resumable_spec(replace(saved, cluster=replace(saved.cluster, **own),
-                                      security=resumed_security(saved.security,
-                                                                spec.security)))
+                                      security=resumed_security(
+                                          saved.security, spec.security, saved.out_dir)))
     cfg, attack, out = spec.cfg, spec.attack, spec.out_dir
     from worker.device import select_device
 
@@ -155,14 +156,58 @@ def summary_line(rounds: int, seconds: float, p) -> str:
     return line
 
 
-def resumed_security(saved: SecurityOptions, given: SecurityOptions) -> SecurityOptions:
-    """The keys a resumed run uses: those of this command line (``--keys`` or
-    ``--insecure``), else the saved run's ``--keys`` or the keys generated for it. A run
-    directory's saved command never turns security off: a file anyone may have edited
-    is no place for ``--insecure``."""
-    if given.insecure or given.keys is not None:
-        return given
-    return SecurityOptions(keys=saved.keys)
+def resumed_security(saved: SecurityOptions, given: SecurityOptions,
+                     out_dir: Path) -> SecurityOptions:
+    """The security settings a resumed run uses: those of this command line (and its
+    environment: ``--keys``, ``--insecure``), never those of the run directory's saved
+    command (``command.json``), which anyone who can write the run directory may have
+    edited (to point ``--keys`` at keys of their own, or to turn keys off). The saved
+    command only has to agree: ``ConfigError`` (one line, saying what to pass) where the
+    run was started with other settings than this command line says.
+
+    * started with ``--insecure``: resume with ``--insecure`` (its checkpoints carry no
+      key);
+    * started with ``--keys DIR``: resume with ``--keys DIR`` (the same directory); a
+      command line that names no ``--keys`` is refused, not given ``DIR``;
+    * started with neither, i.e. with keys generated for the run in ``<run-dir>/keys``:
+      resume with neither (or with ``--keys <run-dir>/keys``), and the run uses
+      ``<run-dir>/keys`` (``resumable_spec``). That directory is the only key directory
+      a resume takes without being told: it is where this run's keys were written, and
+      it is read through :class:`common.keys.KeyRing` like any other, which refuses it
+      unless it, every key file in it and every directory above it (the run directory
+      included) belong to this user (or root) and nobody else may write them: whoever
+      edited ``command.json`` to make a run look as if its keys were generated cannot
+      plant keys there. Without that directory (and without checkpoints) new keys are
+      generated there, as for a fresh run.
+    """
+    if given.insecure and given.keys is not None:
+        raise ConfigError("ps-cluster --resume: --keys and --insecure contradict each other")
+    run_keys = out_dir / "keys"
+    if saved.insecure == given.insecure and (
+            given.insecure or _same_directory(saved.keys or run_keys, given.keys or run_keys)):
+        return SecurityOptions(insecure=True) if given.insecure else SecurityOptions(
+            keys=given.keys)
+    if saved.insecure:
+        started, fix = "--insecure (its checkpoints carry no key)", "resume it with --insecure"
+    elif saved.keys is not None:
+        started, fix = f"--keys {saved.keys}", f"pass --keys {saved.keys} explicitly"
+    else:
+        started = f"the keys generated for it in {run_keys}"
+        fix = "resume it with neither --keys nor --insecure"
+    now = ("says --insecure" if given.insecure else f"says --keys {given.keys}"
+           if given.keys is not None else "names neither --keys nor --insecure")
+    raise ConfigError(f"cannot resume {out_dir}: it was started with {started} and this "
+                      f"command line {now}; {fix} (--resume takes its security settings from "
+                      f"its own command line, never from the run's saved command)")
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    """Whether paths ``a`` and ``b`` name the same directory (the same one if both exist,
+    else the same path once made absolute and its links resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def saved_values(out_dir: Path) -> tuple[dict[str, Any], ProcessOptions]:

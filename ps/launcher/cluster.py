@@ -47,6 +47,7 @@ from ps.launcher.report import ClusterResult, Progress, RunReport, read_progress
 from ps.launcher.supervise import Supervisor, raise_if_failed
 from ps.proxy.options import ProxyOptions
 from server.checkpoint import final_parameters, model_size
+from server.deadline import AUTO, NONE
 from server.options import ServerOptions, check_replayable
 from worker.device import spread_device
 from worker.options import ClientOptions, EvalOptions
@@ -76,6 +77,13 @@ class ClusterSpec:
     server: ServerOptions = field(default_factory=ServerOptions)
     process: ProcessOptions = field(default_factory=ProcessOptions)
     security: SecurityOptions = field(default_factory=SecurityOptions)
+
+    def __post_init__(self) -> None:
+        # the default deadline yields to a proxy attack that holds each round until all n
+        # pushes are in (a round closed without some never has them); a fixed one is
+        # refused with it (check_launchable)
+        if self.attack.proxy_holds_rounds and self.server.round_timeout == AUTO:
+            object.__setattr__(self, "server", replace(self.server, round_timeout=NONE))
 
 
 class Cluster:
@@ -237,7 +245,22 @@ class Cluster:
         cluster = replace(spec.cluster, resume=None, server_processes=len(self.blocks))
         return child_argv(CLUSTER, spec.cfg, attack, *attack.params.values(), spec.client,
                           spec.evaluation, cluster,
-                          replace(spec.server, resume=False), spec.security, spec.process)
+                          replace(spec.server, resume=False), self._saved_security(),
+                          spec.process)
+
+    def _saved_security(self) -> SecurityOptions:
+        """The security settings ``command.json`` records, which a resume's command line
+        must repeat (``ps.launcher.cli.resumed_security``): ``--keys`` made absolute
+        (a resume may run from another directory), none for the run's own
+        ``<out-dir>/keys`` (the default: a resumed run is given it explicitly, and the
+        run directory may move)."""
+        security = self.spec.security
+        if security.keys is None:
+            return security
+        own = self.out / "keys"
+        if os.path.realpath(security.keys) == os.path.realpath(own):
+            return replace(security, keys=None)
+        return replace(security, keys=Path(os.path.abspath(security.keys)))
 
     def server_argv(self, first: int, ready_file: Path | None, bind: str | None = None,
                     resume: bool = False) -> list[str]:
@@ -339,7 +362,7 @@ def check_launchable(spec: ClusterSpec) -> None:
         check_replayable(spec.server.checkpoint_interval(d), spec.client.replay_window(d),
                          generations=2 if several else 1)
     attack = spec.attack
-    if spec.server.round_timeout_s is not None and attack.proxy_holds_rounds:
+    if spec.server.deadline() is not None and attack.proxy_holds_rounds:
         raise ConfigError(f"--round-timeout: the proxy attack {attack.proxy_attack} holds "
                           "each round until all n pushes are in, which a round closed "
                           "without some workers never has; use a value-level proxy "
@@ -351,10 +374,15 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     its server processes resuming from their checkpoints (each at the newest round all
     its shards have); ``ConfigError`` if it cannot.
 
-    A run whose keys the launcher generated (``<out-dir>/keys``) continues with those
-    keys, not new ones: its servers resume only checkpoints tagged with their own key.
-    Each checkpoint is checked here as its server will check it (``CheckpointError``
-    naming the file), its size too: the shard's, counted from the run's model."""
+    ``spec.security`` comes from the resuming command line, checked against the run's
+    saved command (``ps.launcher.cli.resumed_security``: the saved one is never used).
+    A run whose keys the launcher generated (``<out-dir>/keys``) and whose command line
+    names no ``--keys`` continues with those keys, not new ones (its servers resume only
+    checkpoints tagged with their own key); the key directory is opened here, so that
+    :class:`common.keys.KeyRing` refuses one it cannot trust (owner, modes, the
+    directories above it) before anything starts. Each checkpoint is checked here as its
+    server will check it (``CheckpointError`` naming the file), its size too: the
+    shard's, counted from the run's model."""
     from server.checkpoint import (
         GroupFiles,
         checkpoint_path,
@@ -369,10 +397,10 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     if not security.insecure and security.keys is None and (present or (out / "keys").is_dir()):
         if not (out / "keys").is_dir():
             raise ConfigError(f"cannot resume {out} with keys: it holds checkpoints but no "
-                              f"key directory (was it run with --insecure? then resume it "
-                              f"with --insecure; its checkpoints carry no key)")
+                              f"key directory {out / 'keys'} (its checkpoints are signed with "
+                              f"the keys generated there, which this resume needs)")
         security = replace(security, keys=out / "keys")
-    keys = security.ring("ps-cluster --resume") if present else None
+    keys = security.ring("ps-cluster --resume") if present or security.keys else None
     d = model_size(cfg) if present else 0
     rounds = {}
     for block in spec.cluster.blocks(cfg.num_shards):  # each process, as it will resume

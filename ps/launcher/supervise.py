@@ -7,13 +7,16 @@ process past its restarts is given up on while the servers' quorum K (``--quorum
 without a round deadline) does without its workers: the rounds close with the pushes
 of the others. A worker process that fails once every server process has finished
 (the run is over: the servers hold its result) is not restarted, which would only wait
-for servers that are gone. Any other process failing for good, or the run outlasting
+for servers that are gone; one still running ``AFTER_END_GRACE_S`` after that (a worker
+that stopped answering, left out of the rounds at their deadline) is stopped, SIGKILLed
+if SIGTERM does not end it. Any other process failing for good, or the run outlasting
 ``--run-timeout``, ends the run (``ProcessFailed``, ``ClusterTimeout``).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +24,14 @@ from typing import Any
 from common.errors import EXIT_CONFIG, EXIT_PEER, EXIT_TIMEOUT, ClusterTimeout, PSError
 from common.process import check_stop
 from ps.launcher.options import ClusterOptions
-from ps.launcher.processes import ManagedProcess
+from ps.launcher.processes import STOP_GRACE_S, ManagedProcess
 
 log = logging.getLogger("ps.cluster")
 
 WATCH_INTERVAL_S = 0.5
+# After every server process finished, how long a worker process may go on (its last
+# PARAMS are on their way) before it is stopped.
+AFTER_END_GRACE_S = 10.0
 
 
 class ProcessFailed(PSError):
@@ -80,6 +86,7 @@ class Supervisor:
         self.restarts: list[dict[str, Any]] = []
         self.lost: list[str] = []
         self.after_end: list[str] = []  # worker processes that failed after the servers
+        self.servers_done_at: float | None = None  # monotonic
 
     def watch(self, started: float, on_tick: Callable[[], None] | None = None) -> None:
         """Until every process exited 0 or was given up on, restarting those that died
@@ -121,6 +128,30 @@ class Supervisor:
                             "without it (quorum %d)", p.name, code, self.quorum)
             else:
                 raise ProcessFailed(p.name, code, p.tail(), self.restarts_of(p.name))
+        self.stop_stragglers(time.monotonic())
+
+    def stop_stragglers(self, now: float) -> None:
+        """Once every server process finished, stop the worker processes still running
+        ``AFTER_END_GRACE_S`` later (SIGTERM, and SIGCONT so that a stopped one gets
+        it; SIGKILL ``STOP_GRACE_S`` after that): the run's result is the servers'."""
+        if not self.servers_finished():
+            return
+        if self.servers_done_at is None:
+            self.servers_done_at = now
+        waited = now - self.servers_done_at
+        if waited < AFTER_END_GRACE_S:
+            return
+        for p in self.processes:
+            if not (p.name.startswith("worker-") and p.running):
+                continue
+            if p.name not in self.after_end:
+                self.after_end.append(p.name)
+                log.warning("%s still runs %.0f s after every server process finished the "
+                            "run; stopping it", p.name, waited)
+                p.signal(signal.SIGTERM)
+                p.signal(signal.SIGCONT)
+            elif waited >= AFTER_END_GRACE_S + STOP_GRACE_S:
+                p.signal(signal.SIGKILL)
 
     def restart(self, index: int, code: int) -> None:
         """Start process ``index`` again (it exited with ``code``)."""

@@ -159,3 +159,35 @@ def test_a_run_whose_launcher_was_killed_resumes_bit_identical(processes, tmp_pa
                     rounds=60, seed=5).validate()
     np.testing.assert_array_equal(final_parameters(out, cfg, KeyRing(out / "keys")),
                                   _reference(cfg, out, False).params)
+
+
+def test_under_the_default_flags_a_silent_worker_costs_one_deadline(processes, tmp_path) -> None:
+    """Issue 35's first row: a worker that stops answering (SIGSTOP: alive and connected)
+    under no deadline or quorum flags at all (keys on, n=6, S=2): one round closes at the
+    default deadline without it, the rounds after it run at least at half the rate of
+    those before, and the run ends bit-identical to the engine replaying the
+    participation."""
+    out = tmp_path / "run"
+    launcher = processes.start("cluster", "ps.launcher.cli", [
+        "--dataset", "synthetic", "--workers", "6", "--shards", "2", "--worker-processes", "6",
+        "--rounds", "120", "--seed", "9", "--out-dir", str(out), "--no-evaluator", "--verify"])
+    wait_for(lambda: len(_rounds(out, 1)) >= 30, 180, "round 30 on shard 1")
+    stopped = _children(launcher)["worker-5"]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        assert processes.wait_exit(launcher, 240) == 0, launcher.tail(30)
+    finally:
+        if _alive(stopped):
+            os.kill(stopped, signal.SIGCONT)
+    assert any("verified" in line for line in launcher.tail(5))
+    for s in range(2):
+        rounds = _rounds(out, s)
+        assert [r["round"] for r in rounds] == list(range(120))
+        closed = [r["closed"] for r in rounds]
+        assert closed.count("deadline") == 1, closed  # one deadline, then "present"
+        first = closed.index("deadline")
+        assert all(r["missing"] == [5] for r in rounds[first:])
+        times = [r["time"] for r in rounds]
+        before = (first - 5) / (times[first - 1] - times[5])
+        after = (119 - first - 1) / (times[119] - times[first + 1])
+        assert after >= 0.5 * before, (before, after)

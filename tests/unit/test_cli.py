@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -175,20 +176,134 @@ def test_verify_knows_which_workers_momentum_the_engine_cannot_reproduce(tmp_pat
 
 
 @pytest.mark.parametrize(("saved", "given", "expected"), [
-    ({"insecure": True}, {}, {"keys": None}),  # the saved command never turns keys off
-    ({"keys": Path("k")}, {}, {"keys": Path("k")}),  # the run's own key directory
+    ({"insecure": True}, {"insecure": True}, {"insecure": True}),
+    ({"keys": "k"}, {"keys": "k"}, {"keys": "k"}),  # the run's own key directory, restated
     ({}, {}, {"keys": None}),  # keys generated for the run (<out-dir>/keys, reused)
-    ({}, {"insecure": True}, {"insecure": True}),  # this command line may
-    ({"insecure": True}, {"keys": Path("new")}, {"keys": Path("new")}),
-], ids=["saved-insecure", "saved-keys", "generated", "given-insecure", "given-keys"])
-def test_a_resumed_run_takes_insecure_only_from_its_own_command_line(saved, given,
-                                                                     expected) -> None:
+    ({}, {"keys": "run/keys"}, {"keys": "run/keys"}),  # the same, named
+    ({"keys": "run/keys"}, {}, {"keys": None}),
+], ids=["insecure", "keys", "generated", "generated-named", "generated-saved-named"])
+def test_a_resumed_run_takes_its_security_settings_from_its_own_command_line(
+        tmp_path, saved, given, expected) -> None:
     from common.keys import SecurityOptions
     from ps.launcher.cli import resumed_security
 
-    assert resumed_security(SecurityOptions(**saved), SecurityOptions(**given)) == \
-        SecurityOptions(**expected)
+    def options(values: dict) -> SecurityOptions:
+        return SecurityOptions(**{k: tmp_path / v if k == "keys" and v else v
+                                  for k, v in values.items()})
 
+    assert resumed_security(options(saved), options(given), tmp_path / "run") == \
+        options(expected)
+
+
+@pytest.mark.parametrize(("saved", "given", "says"), [
+    (["--insecure"], [], "started with --insecure (its checkpoints carry no key) and this "
+                         "command line names neither --keys nor --insecure; resume it with "
+                         "--insecure"),
+    (["--insecure"], ["--keys", "{k}"], "this command line says --keys {k}; resume it with "
+                                        "--insecure"),
+    (["--keys", "{k}"], [], "started with --keys {k} and this command line names neither "
+                            "--keys nor --insecure; pass --keys {k} explicitly"),
+    (["--keys", "{k}"], ["--keys", "{other}"], "this command line says --keys {other}; pass "
+                                               "--keys {k} explicitly"),
+    (["--keys", "{k}"], ["--insecure"], "this command line says --insecure; pass --keys {k}"),
+    ([], ["--insecure"], "started with the keys generated for it in {run}/keys and this "
+                         "command line says --insecure; resume it with neither --keys nor "
+                         "--insecure"),
+    ([], ["--keys", "{other}"], "this command line says --keys {other}; resume it with "
+                                "neither"),
+], ids=["insecure-then-nothing", "insecure-then-keys", "keys-then-nothing",
+        "keys-then-other-keys", "keys-then-insecure", "generated-then-insecure",
+        "generated-then-other-keys"])
+def test_a_resume_whose_saved_security_settings_differ_from_its_own_is_refused(
+        tmp_path, monkeypatch, saved: list[str], given: list[str], says: str) -> None:
+    """The run directory's command.json is never a source of --keys or --insecure (anyone
+    who can write the run directory could point --keys at keys of their own): the resume
+    command line must say what the run was started with, or it is refused before
+    anything starts, saying what to pass."""
+    paths = {"k": tmp_path / "k", "other": tmp_path / "other", "run": tmp_path / "run"}
+    run = _saved_run(tmp_path / "run", *(a.format(**paths) for a in saved))
+    started = _never_started(monkeypatch)
+    result = CliRunner().invoke(cluster_main, ["--resume", str(run),
+                                               *(a.format(**paths) for a in given)])
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert says.format(**paths) in result.output.replace("\n", " ")
+    assert started == []
+
+
+def test_a_resume_uses_the_keys_its_command_line_names_or_the_runs_own(
+        tmp_path, monkeypatch) -> None:
+    """With --keys restated, that directory; started with generated keys and resumed with
+    neither flag, <run-dir>/keys, refused (before anything starts) unless the key ring
+    trusts it."""
+    from common.keys import create_keys
+
+    create_keys(tmp_path / "k", 1, 3)
+    run = _saved_run(tmp_path / "run", "--keys", str(tmp_path / "k"))
+    started = _never_started(monkeypatch)
+    result = CliRunner().invoke(cluster_main, ["--resume", str(run), "--keys",
+                                               str(tmp_path / "k")])
+    assert result.exit_code == EXIT_CONFIG and "not started" in result.output, result.output
+    assert [spec.security.keys for spec in started] == [tmp_path / "k"]
+
+    run = _saved_run(tmp_path / "generated")
+    create_keys(run / "keys", 1, 3)
+    result = CliRunner().invoke(cluster_main, ["--resume", str(run)])
+    assert result.exit_code == EXIT_CONFIG and "not started" in result.output, result.output
+    assert started[-1].security.keys == run / "keys"
+    os.chmod(run, 0o777)  # anyone could swap <run-dir>/keys: not trusted
+    result = CliRunner().invoke(cluster_main, ["--resume", str(run)])
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert "which anyone may write (mode 0777, no sticky bit)" in result.output.replace(
+        "\n", " ")
+    assert len(started) == 2
+
+
+def test_a_run_records_its_keys_so_that_a_resume_can_restate_them(tmp_path) -> None:
+    """command.json: --keys made absolute (a resume may run from elsewhere), nothing for
+    the run's own <out-dir>/keys (the default)."""
+    from common.config import AttackConfig, RunConfig
+    from common.keys import SecurityOptions
+    from ps.launcher.cluster import Cluster, ClusterSpec
+
+    cfg = RunConfig(dataset="synthetic", num_workers=3, num_shards=1, rounds=2).validate()
+
+    def recorded(keys: Path | None) -> list[str]:
+        spec = ClusterSpec(cfg=cfg, attack=AttackConfig().validate(cfg), out_dir=tmp_path,
+                           security=SecurityOptions(keys=keys))
+        return Cluster(spec).command_argv()
+
+    argv = recorded(Path("k"))
+    assert argv[argv.index("--keys") + 1] == str(Path.cwd() / "k")
+    assert "--keys" not in recorded(tmp_path / "keys")
+    assert "--keys" not in recorded(None)
+
+
+def _saved_run(out: Path, *security: str) -> Path:
+    """A run directory as ps-cluster leaves it before any checkpoint: its command."""
+    import json
+
+    out.mkdir()
+    (out / "command.json").write_text(json.dumps([
+        *SMALL, "--rule", "mean", "--q", "0", "--no-evaluator", "--out-dir", str(out),
+        *security]))
+    return out
+
+
+def _never_started(monkeypatch) -> list:
+    """Stand-ins for starting a cluster: each spec it would run, then a configuration
+    error ("not started"); no CURVE measurement either."""
+    from ps.launcher import cli
+    from ps.launcher.cluster import Cluster
+
+    started: list = []
+
+    def run(self, on_progress=None):
+        started.append(self.spec)
+        raise ConfigError("not started")
+
+    monkeypatch.setattr(Cluster, "run", run)
+    monkeypatch.setattr(cli, "slow_curve", lambda security: "")
+    return started
 
 
 @pytest.fixture

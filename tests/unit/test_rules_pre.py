@@ -264,10 +264,10 @@ def test_run_configuration_normalises_the_chain_and_defaults_q_for_bucketed_rows
 
 def test_quorum_is_checked_through_the_chain() -> None:
     cfg = RunConfig(num_workers=10, pre="bucketing", rule="trimmed-mean", q=2).validate()
-    ServerOptions(round_timeout_s=1.0, quorum=9).check(cfg)  # 5 buckets, q=2: fine
+    ServerOptions(round_timeout="1.0", quorum=9).check(cfg)  # 5 buckets, q=2: fine
     with pytest.raises(ConfigError, match=re.escape("trimmed-mean gets 4 rows after --pre "
                                                     "bucketing (n=8), with q=2")):
-        ServerOptions(round_timeout_s=1.0, quorum=8).check(cfg)
+        ServerOptions(round_timeout="1.0", quorum=8).check(cfg)
 
 
 def test_readme_lists_every_pre_aggregator() -> None:

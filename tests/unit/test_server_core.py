@@ -525,7 +525,7 @@ def test_an_evicted_sessions_bare_park_is_forgotten_with_its_mark() -> None:
 
 
 def test_a_round_closed_at_its_deadline_answers_bare_parks_bare() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="1.0", quorum=4)
     for w in range(4):
         assert push(core, w, pull_next=True, bare_params=w > 0, now=0.0) == []
     replies = core.tick(1.0)
@@ -1041,7 +1041,7 @@ CFG5 = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rule="marmed"
 
 
 def test_a_round_closes_at_its_deadline_with_the_quorum_it_has(tmp_path) -> None:
-    core = make_core(tmp_path, cfg=CFG5, round_timeout_s=2.0, quorum=4)
+    core = make_core(tmp_path, cfg=CFG5, round_timeout="2.0", quorum=4)
     for w in range(4):
         ack = only(push(core, w, now=10.0 + w * 0.1))
         assert ack.header == Ack(round=0, worker=w)
@@ -1060,7 +1060,7 @@ def test_a_round_closes_at_its_deadline_with_the_quorum_it_has(tmp_path) -> None
 
 
 def test_past_its_deadline_a_round_waits_for_the_quorum_and_closes_at_it(caplog) -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="1.0", quorum=4)
     for w in range(3):
         push(core, w, pull_next=True, now=0.0)
     with caplog.at_level(logging.WARNING, logger="ps.server"):
@@ -1072,8 +1072,8 @@ def test_past_its_deadline_a_round_waits_for_the_quorum_and_closes_at_it(caplog)
     assert all(isinstance(r.header, Params) and r.header.round == 1 for r in replies)
 
 
-def test_without_a_timeout_a_round_waits_for_all_n_forever() -> None:
-    core = make_core(cfg=CFG5)
+def test_with_round_timeout_none_a_round_waits_for_all_n_forever() -> None:
+    core = make_core(cfg=CFG5, round_timeout="none")
     for w in range(4):
         push(core, w, now=0.0)
     assert core.deadline() is None
@@ -1083,7 +1083,7 @@ def test_without_a_timeout_a_round_waits_for_all_n_forever() -> None:
 
 
 def test_a_push_of_a_round_that_closed_without_it_is_stale_but_one_it_counted_repeats() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="1.0", quorum=4)
     for w in range(4):
         push(core, w, now=0.0)
     core.tick(1.0)
@@ -1093,9 +1093,12 @@ def test_a_push_of_a_round_that_closed_without_it_is_stale_but_one_it_counted_re
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"quorum": 4}, "needs --round-timeout"),
-    ({"quorum": 3, "round_timeout_s": 1.0}, "n - q..n = 4..5"),
-    ({"quorum": 6, "round_timeout_s": 1.0}, "n - q..n = 4..5"),
+    ({"quorum": 4, "round_timeout": "none"}, "needs a round deadline"),
+    ({"round_timeout": "soon"}, "auto, none or seconds"),
+    ({"round_timeout": "0"}, "positive number of seconds"),
+    ({"round_timeout": "-1"}, "positive number of seconds"),
+    ({"quorum": 3, "round_timeout": "1.0"}, "n - q..n = 4..5"),
+    ({"quorum": 6, "round_timeout": "1.0"}, "n - q..n = 4..5"),
 ])
 def test_a_quorum_the_run_cannot_use_is_a_configuration_error(options, message) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -1106,8 +1109,8 @@ def test_a_quorum_too_small_for_the_rule_names_both_numbers() -> None:
     cfg = RunConfig(dataset="synthetic", num_workers=7, num_shards=1, rule="krum", q=2,
                     rounds=2).validate()
     with pytest.raises(ConfigError, match=r"--quorum 5: rule krum cannot aggregate 5 rows"):
-        ServerOptions(quorum=5, round_timeout_s=1.0).check(cfg)
-    assert ServerOptions(quorum=7, round_timeout_s=1.0).check(cfg).quorum == 7
+        ServerOptions(quorum=5, round_timeout="1.0").check(cfg)
+    assert ServerOptions(quorum=7, round_timeout="1.0").check(cfg).quorum == 7
 
 
 def test_an_evaluator_that_reconnected_is_waited_for_on_its_new_socket_only() -> None:
@@ -1137,7 +1140,7 @@ def test_a_checkpoint_keeps_the_round_before_and_a_restored_core_serves_it(tmp_p
 
 def test_the_late_push_of_a_last_round_closed_without_it_is_stale_not_finished() -> None:
     cfg = replace(CFG5, rounds=1)
-    core = make_core(cfg=cfg, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=cfg, round_timeout="1.0", quorum=4)
     for w in range(4):
         push(core, w, now=0.0)
     core.tick(1.0)

@@ -39,7 +39,7 @@ def round_of(core, workers, now: float, pull_next: bool = False) -> list:
 
 def test_a_worker_missing_at_a_deadline_is_absent_and_later_rounds_do_not_wait_for_it(
         tmp_path: Path) -> None:
-    core = make_core(tmp_path, cfg=CFG5, round_timeout_s=2.0, quorum=4)
+    core = make_core(tmp_path, cfg=CFG5, round_timeout="2.0", quorum=4)
     round_of(core, range(4), now=0.0)
     assert core.tick(1.9) == [] and core.state.round == 0
     core.tick(2.0)  # round 0 closes at its deadline without worker 4
@@ -51,7 +51,7 @@ def test_a_worker_missing_at_a_deadline_is_absent_and_later_rounds_do_not_wait_f
 
 
 def test_an_absent_worker_that_pushes_again_is_waited_for_again() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=2.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="2.0", quorum=4)
     round_of(core, range(4), now=0.0)
     core.tick(2.0)
     # the straggler's late push of round 0: stale, but it is there again
@@ -65,7 +65,7 @@ def test_an_absent_worker_that_pushes_again_is_waited_for_again() -> None:
 
 
 def test_a_hello_makes_an_absent_worker_present() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=2.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="2.0", quorum=4)
     round_of(core, range(4), now=0.0)
     core.tick(2.0)
     assert core.absent[4]
@@ -75,7 +75,7 @@ def test_a_hello_makes_an_absent_worker_present() -> None:
 
 
 def test_rounds_still_need_the_quorum_when_workers_are_absent() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="1.0", quorum=4)
     round_of(core, range(4), now=0.0)
     core.tick(1.0)  # worker 4 absent
     round_of(core, range(3), now=2.0)  # 3 present workers pushed; 3 is not the quorum
@@ -86,7 +86,7 @@ def test_rounds_still_need_the_quorum_when_workers_are_absent() -> None:
 
 
 def test_pull_next_pushes_of_an_early_closed_round_get_the_next_params() -> None:
-    core = make_core(cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(cfg=CFG5, round_timeout="1.0", quorum=4)
     round_of(core, range(4), now=0.0)
     core.tick(1.0)
     replies = round_of(core, range(4), now=2.0, pull_next=True)
@@ -96,7 +96,7 @@ def test_pull_next_pushes_of_an_early_closed_round_get_the_next_params() -> None
 
 
 def test_without_a_deadline_nobody_is_ever_absent() -> None:
-    core = make_core(cfg=CFG5)
+    core = make_core(cfg=CFG5, round_timeout="none")
     round_of(core, range(4), now=0.0)
     assert core.tick(1e9) == [] and not core.absent.any() and core.state.round == 0
 
@@ -114,7 +114,7 @@ def too_large(identity: Identity | None, peer: bytes = b"thief") -> Incoming:
 def test_a_key_that_sends_a_message_larger_than_any_legal_one_is_barred_and_absent(
         tmp_path: Path) -> None:
     barred: list[tuple[Identity, str]] = []
-    core = make_core(tmp_path, cfg=CFG5, round_timeout_s=1.0, quorum=4)
+    core = make_core(tmp_path, cfg=CFG5, round_timeout="1.0", quorum=4)
     core.peers.on_bar = lambda identity, why: barred.append((identity, why))
     thief = Identity("worker", 4)
     assert core.handle(too_large(thief), 0.0) == []  # no reply to a barred key

@@ -230,7 +230,7 @@ def test_a_coordinate_wise_defence_aggregates_a_process_s_shards_in_one_call(
 
     cfg = RunConfig(dataset="synthetic", num_workers=6, num_shards=3, rule=rule, q=1,
                     pre=pre, lr=0.5, rounds=3).validate()
-    options = {"round_timeout_s": 5.0, "quorum": 5}
+    options = {"round_timeout": "5.0", "quorum": 5}
     rng = np.random.default_rng(7)
     table = rng.standard_normal((cfg.rounds, cfg.num_workers, 10)).astype(np.float32)
     table[0, 2, 5] = np.nan  # shard 1's coordinates only (and one infinity in shard 2)

@@ -4,8 +4,9 @@ against the quorum, failures for good, the run deadline, ``summary.json``."""
 from __future__ import annotations
 
 import json
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from common.errors import EXIT_CONFIG, EXIT_PEER, ClusterTimeout
 from ps.launcher.options import ClusterOptions
 from ps.launcher.report import RunReport
-from ps.launcher.supervise import ProcessFailed, Supervisor
+from ps.launcher.supervise import AFTER_END_GRACE_S, ProcessFailed, Supervisor
 
 
 @dataclass
@@ -24,10 +25,14 @@ class FakeProcess:
     name: str
     returncode: int | None = None
     generation: int = 0
+    signals: list[int] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
         return self.returncode is None
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
 
     def tail(self) -> list[str]:
         return [f"{self.name} last line"]
@@ -178,3 +183,30 @@ def test_the_summary_of_a_finished_run_names_workers_that_failed_after_it(
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["outcome"] == "finished" and summary["lost"] == []
     assert summary["failed_after_servers_finished"] == ["worker-2"]
+
+
+def test_a_worker_still_running_after_the_servers_finished_is_stopped_then_killed() -> None:
+    """A worker that stopped answering (left out at the rounds' deadline) must not hold
+    the launcher: a grace for the last PARAMS, then SIGTERM (with SIGCONT, which a
+    stopped process needs to get it), then SIGKILL."""
+    s = supervisor(["server-0", "worker-0", "worker-1"], quorum=1)
+    s.processes[0].returncode = 0
+    s.processes[1].returncode = 0
+    s.stop_stragglers(100.0)
+    s.stop_stragglers(100.0 + AFTER_END_GRACE_S - 0.1)
+    assert s.processes[2].signals == [] and s.after_end == []
+    s.stop_stragglers(100.0 + AFTER_END_GRACE_S)
+    assert s.processes[2].signals == [signal.SIGTERM, signal.SIGCONT]
+    assert s.after_end == ["worker-1"]
+    s.stop_stragglers(100.0 + AFTER_END_GRACE_S + 60.0)
+    assert s.processes[2].signals[-1] == signal.SIGKILL
+    s.processes[2].returncode = -9
+    s.watch(time.monotonic())  # returns: the straggler counts as failed after the end
+
+
+def test_no_worker_is_stopped_while_a_server_runs() -> None:
+    s = supervisor(["server-0", "server-1", "worker-0"], quorum=1)
+    s.processes[0].returncode = 0
+    s.stop_stragglers(0.0)
+    s.stop_stragglers(1e6)
+    assert s.processes[2].signals == [] and s.servers_done_at is None

@@ -1,0 +1,79 @@
+"""When a round may close without every worker's push: the round deadline.
+
+``--round-timeout`` takes three forms:
+
+* ``auto`` (the default): a deadline that a healthy run never reaches, so that a worker
+  that stops answering (a Byzantine one may) costs one deadline instead of the run:
+  ``AUTO_FACTOR`` times the median span (first push to close) of the last
+  ``AUTO_HISTORY`` rounds that closed with every present worker, at least
+  ``AUTO_FLOOR_S``; ``AUTO_FIRST_S`` until such a round closed (the first rounds include
+  the workers' start, which may differ by seconds between hosts);
+* SECONDS: a fixed deadline, counted from the round's first push;
+* ``none``: every round waits for all n pushes, the paper's strictly synchronous SGD
+  (Xie et al. 2018, Algorithm 1).
+
+A round that closes at its deadline aggregates the pushes that are in if they reach the
+quorum; the workers it aggregated are recorded (``server-<s>.jsonl``) so the reference
+engine replays it bit for bit (``ps/reference/participation.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from common.errors import ConfigError
+
+AUTO = "auto"
+NONE = "none"
+AUTO_FACTOR = 10.0
+AUTO_FLOOR_S = 5.0
+AUTO_FIRST_S = 30.0
+AUTO_HISTORY = 16
+
+
+class RoundDeadline:
+    """How long a round may wait for its missing pushes after its first one:
+    ``fixed_s`` seconds, or (None) adaptively from the spans :meth:`observe` is given."""
+
+    def __init__(self, fixed_s: float | None = None) -> None:
+        self.fixed_s = fixed_s
+        self.spans: deque[float] = deque(maxlen=AUTO_HISTORY)
+
+    @classmethod
+    def parse(cls, text: str) -> RoundDeadline | None:
+        """The deadline ``--round-timeout TEXT`` asks for (None: ``none``);
+        ``ConfigError`` for anything but ``auto``, ``none`` or positive seconds."""
+        value = str(text).strip().lower()
+        if value == AUTO:
+            return cls()
+        if value == NONE:
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ConfigError(f"--round-timeout must be auto, none or seconds, got "
+                              f"{text!r}") from None
+        if not seconds > 0 or seconds == float("inf"):
+            raise ConfigError(f"--round-timeout must be a positive number of seconds (or auto, "
+                              f"none), got {text!r}")
+        return cls(seconds)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed_s is None
+
+    def seconds(self) -> float:
+        """The wait allowed now, from the round's first push."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        if not self.spans:
+            return AUTO_FIRST_S
+        return max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(self.spans))
+
+    def observe(self, span_s: float, closing: str) -> None:
+        """A round closed ``span_s`` after its first push, for reason ``closing``
+        (``all``, ``present`` or ``deadline``; a round closed at its deadline says
+        nothing of how long a healthy round takes)."""
+        if closing != "deadline":
+            self.spans.append(max(0.0, span_s))

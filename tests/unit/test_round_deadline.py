@@ -1,0 +1,118 @@
+"""The default round deadline (``server/deadline.py``): a silent worker costs one
+deadline under the default flags, a healthy run never reaches it, ``none`` waits for
+all n. Driven through the real server core with a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import AttackConfig, RunConfig
+from common.errors import ConfigError
+from common.protocol import Ack
+from ps.launcher.cluster import ClusterSpec
+from server.deadline import AUTO_FIRST_S, AUTO_FLOOR_S, RoundDeadline
+from server.options import ServerOptions, default_quorum
+from tests.unit.test_server_core import CFG5, make_core, only, push
+
+CFG7 = RunConfig(dataset="synthetic", num_workers=7, num_shards=2, rule="marmed", q=2,
+                 lr=0.5, rounds=40).validate()
+
+
+@pytest.mark.parametrize(("text", "fixed"), [("auto", None), ("AUTO", None), ("2.5", 2.5),
+                                             (" 10 ", 10.0)])
+def test_round_timeout_reads_auto_or_seconds(text, fixed) -> None:
+    deadline = RoundDeadline.parse(text)
+    assert deadline is not None and deadline.fixed_s == fixed
+
+
+def test_round_timeout_none_waits_for_all() -> None:
+    assert RoundDeadline.parse("none") is None
+    assert ServerOptions(round_timeout="none").rows_needed(CFG5) == 5
+
+
+@pytest.mark.parametrize("text", ["", "soon", "0", "-3", "inf", "nan"])
+def test_an_unreadable_round_timeout_is_a_configuration_error(text) -> None:
+    with pytest.raises(ConfigError, match="--round-timeout"):
+        ServerOptions(round_timeout=text).check(CFG5)
+
+
+def test_the_adaptive_deadline_is_a_multiple_of_recent_rounds_with_a_floor() -> None:
+    deadline = RoundDeadline()
+    assert deadline.seconds() == AUTO_FIRST_S  # no healthy round yet: the workers' start
+    for span in (0.01, 0.02, 0.03):
+        deadline.observe(span, "all")
+    assert deadline.seconds() == AUTO_FLOOR_S  # 10 x 0.02 s is under the floor
+    for span in (2.0, 2.0, 2.0, 2.0):
+        deadline.observe(span, "present")
+    assert deadline.seconds() == pytest.approx(20.0)  # 10 x the median (2.0)
+    deadline.observe(1000.0, "deadline")  # a round closed at its deadline is not a sample
+    assert deadline.seconds() == pytest.approx(20.0)
+
+
+def test_the_default_quorum_is_n_minus_q_or_the_fewest_rows_the_rule_takes() -> None:
+    assert default_quorum(CFG5) == 4
+    assert ServerOptions().rows_needed(CFG7) == 5
+    krum = RunConfig(dataset="synthetic", num_workers=7, num_shards=1, rule="krum", q=2,
+                     rounds=2).validate()
+    assert default_quorum(krum) == 7  # Krum needs 2q + 2 < rows: 5 and 6 are too few
+    mean = RunConfig(dataset="synthetic", num_workers=4, num_shards=1, rule="mean", q=0,
+                     rounds=2).validate()
+    assert default_quorum(mean) == 4
+
+
+def test_a_silent_worker_costs_one_default_deadline_then_rounds_run_at_full_rate() -> None:
+    core = make_core(cfg=CFG7)  # the default flags: --round-timeout auto, quorum n - q
+    now = 0.0
+    for round_ in range(5):  # healthy rounds: all 7 in within 0.06 s of the first push
+        for w in range(7):
+            now += 0.01
+            assert only(push(core, w, now=now)).header.round == round_
+        core.tick(now)
+        assert core.state.round == round_ + 1
+        now += 1.0  # the workers compute: not part of a round's span
+    # worker 6 stops answering; the others push round 5
+    first = now
+    for w in range(6):
+        now += 0.01
+        push(core, w, now=now)
+    assert core.deadline() == pytest.approx(first + 0.01 + AUTO_FLOOR_S)
+    core.tick(first + AUTO_FLOOR_S - 0.01)
+    assert core.state.round == 5  # a healthy straggler has the floor's seconds
+    core.tick(first + 0.01 + AUTO_FLOOR_S)
+    assert core.state.round == 6 and bool(core.absent[6])
+    # from now on a round closes once the six present workers are in: no deadline paid
+    now = first + AUTO_FLOOR_S + 1.0
+    for w in range(6):
+        now += 0.01
+        push(core, w, now=now)
+    assert core.state.round == 7
+
+
+def test_a_healthy_run_under_the_default_deadline_equals_one_without() -> None:
+    """Workers seconds apart (a slow first round, then 1 s between the first and last
+    push) close every round with all n, as ``--round-timeout none`` does."""
+    cores = [make_core(cfg=CFG5), make_core(cfg=CFG5, round_timeout="none")]
+    for core in cores:
+        now = 0.0
+        for round_ in range(4):
+            spread = 20.0 if round_ == 0 else 1.0  # the first round: the workers' start
+            for w in range(5):
+                core.tick(now)
+                ack = push(core, w, now=now)
+                assert only(ack).header in (Ack(round=round_, worker=w),), ack
+                now += spread / 4
+        assert core.state.round == 4 and not core.absent.any()
+    np.testing.assert_array_equal(cores[0].state.states[0].params,
+                                  cores[1].state.states[0].params)
+
+
+def test_a_proxy_attack_that_holds_rounds_turns_the_default_deadline_off() -> None:
+    cfg = RunConfig(dataset="synthetic", num_workers=5, num_shards=2, rounds=2).validate()
+    holding = AttackConfig.build(proxy_attack="omniscient", proxy_victims=(1,)).validate(cfg)
+    spec = ClusterSpec(cfg=cfg, attack=holding, out_dir=Path("unused"))
+    assert spec.server.deadline() is None
+    plain = ClusterSpec(cfg=cfg, attack=AttackConfig().validate(cfg), out_dir=Path("unused"))
+    assert plain.server.deadline() is not None and plain.server.deadline().adaptive
