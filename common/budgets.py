@@ -37,21 +37,19 @@ EXCERPT_CHARS = 200
 
 
 def principal_of(incoming: Incoming) -> Hashable:
-    """Whom a message's budgets are charged to: its key (for a proxy's key, the worker it
-    relays, by the routing id the proxy gave it: a proxy speaks for many, and a worker
-    cannot choose the frames after it), or, without keys, its connection."""
+    """Whom a message's budgets are charged to: its key, or, without keys, its
+    connection. A proxy's key is one principal whatever envelope its messages name: the
+    holder of the key picks the envelope frames, and the proxy refuses what its workers
+    send wrong before relaying it (``ps/proxy/core.py``), so refusals at the server are
+    the proxy's own."""
     identity = incoming.identity
     if identity is None:
         return bytes(incoming.envelope[0]) if incoming.envelope else b""
-    if identity.role == "proxy" and len(incoming.envelope) > 1:
-        return (identity.name, bytes(incoming.envelope[1]))
     return identity.name
 
 
 def principal_name(principal: Hashable) -> str:
     """A principal as a log line names it."""
-    if isinstance(principal, tuple):
-        return f"{principal[0]} (relayed {principal[1][:8].hex()})"
     if isinstance(principal, bytes):
         return f"connection {principal[:8].hex()}"
     return str(principal)

@@ -12,9 +12,11 @@ when a connection is made, and by ``server.sessions.check_claim`` for every mess
 * ``worker-<i>``: worker i, at every server; it may say HELLO and push only as worker i;
 * ``evaluator``: every server; it may only PULL and ask STATUS;
 * ``proxy-<s>``: the man-in-the-middle test tool in front of server process s: admitted
-  only by that process, where it relays the sessions of the workers behind it. A
-  deployment never creates these: a proxy can corrupt values only because the test gave
-  it a key the server of its shard accepts (and the key of the server it impersonates).
+  only by that process, where it relays the sessions of the workers behind it, each
+  message of theirs with the worker's own end-to-end tag (``common/relay_auth.py``). The
+  workers sent through it expect its key; it holds no secret of the server's. A
+  deployment creates one only when an experiment asks for a proxy: it can corrupt
+  values only because the test gave it a key the server of its shard accepts.
 
 ``ps-keys`` writes a directory (secret files created mode 0600, never wider); every role
 reads the keys it needs with :class:`KeyRing`, which refuses a key directory, or a key
@@ -92,9 +94,13 @@ def needed_keys(name: str, num_shards: int, num_workers: int,
 
     * ``server-<s>``: the public keys of the clients it admits (every worker, the
       evaluator, and ``proxy-<s>`` if shard s has a proxy);
-    * ``worker-<i>``, ``evaluator``: the servers' public keys;
-    * ``proxy-<s>``: also ``server-<s>``'s key pair (it impersonates that server to the
-      workers) and the workers' public keys (the clients it admits).
+    * ``evaluator``: the servers' public keys;
+    * ``worker-<i>``: the servers' public keys, and those of the proxies (a worker sent
+      through ``proxy-<s>`` expects its key there);
+    * ``proxy-<s>``: ``server-<s>``'s public key (it connects to that server) and the
+      workers' public keys (the clients it admits); nothing of the server's secret, so
+      it can neither pose as the server nor forge its checkpoints, nor speak for a
+      worker (``common/relay_auth.py``).
     """
     identity = Identity.parse(name)
     if identity is None:
@@ -107,8 +113,9 @@ def needed_keys(name: str, num_shards: int, num_workers: int,
         proxy = [f"proxy-{identity.index}{PUBLIC_SUFFIX}"] if identity.index in proxied else []
         return [*own, *workers, f"evaluator{PUBLIC_SUFFIX}", *proxy]
     if identity.role == "proxy":
-        server = f"server-{identity.index}"
-        return [*own, server + SECRET_SUFFIX, server + PUBLIC_SUFFIX, *workers]
+        return [*own, f"server-{identity.index}{PUBLIC_SUFFIX}", *workers]
+    if identity.role == "worker":
+        return [*own, *servers, *(f"proxy-{s}{PUBLIC_SUFFIX}" for s in sorted(proxied))]
     return [*own, *servers]
 
 
@@ -320,16 +327,38 @@ class KeyRing:
         return CurveServer(*self.pair(f"server-{server}"), self.clients(server, num_workers))
 
     def front_curve(self, server: int, num_workers: int) -> CurveServer:
-        """What a proxy impersonating server process ``server`` binds with: that
-        server's key pair, admitting the workers only (the evaluator reads the real
-        servers)."""
+        """What the proxy in front of server process ``server`` binds with: its own key
+        pair (``proxy-<server>``: the workers sent to it expect that key, ``--via-proxy``;
+        it holds nothing of the server's), admitting the workers only (the evaluator
+        reads the real servers)."""
         workers = {k: i for k, i in self.clients(server, num_workers).items()
                    if i.role == "worker"}
-        return CurveServer(*self.pair(f"server-{server}"), workers)
+        return CurveServer(*self.pair(f"proxy-{server}"), workers)
 
-    def client_curve(self, name: str, server: int) -> CurveClient:
-        """What ``name`` connects to server process ``server`` (its first shard) with."""
-        return CurveClient(*self.pair(name), self.public(f"server-{server}"))
+    def client_curve(self, name: str, server: int, via_proxy: bool = False) -> CurveClient:
+        """What ``name`` connects to server process ``server`` (its first shard) with;
+        ``via_proxy``: through the ps-proxy in front of it, whose own key
+        (``proxy-<server>``) it then expects there."""
+        peer = f"proxy-{server}" if via_proxy else f"server-{server}"
+        return CurveClient(*self.pair(name), self.public(peer))
+
+    def server_relay_key(self, server: int, worker: int) -> bytes:
+        """The key server process ``server`` shares end to end with worker ``worker``
+        (``common.relay_auth``), from the server's side."""
+        from common.relay_auth import pair_key
+
+        public, secret = self.pair(f"server-{server}")
+        worker_public = self.public(f"worker-{worker}")
+        return pair_key(secret, worker_public, worker_public, public)
+
+    def worker_relay_key(self, worker: int, server: int) -> bytes:
+        """The key worker ``worker`` shares end to end with server process ``server``
+        (``common.relay_auth``), from the worker's side."""
+        from common.relay_auth import pair_key
+
+        public, secret = self.pair(f"worker-{worker}")
+        server_public = self.public(f"server-{server}")
+        return pair_key(secret, server_public, public, server_public)
 
     def clients(self, server: int, num_workers: int) -> dict[bytes, Identity]:
         """The client identities of the directory whose scope includes server process

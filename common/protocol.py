@@ -118,6 +118,8 @@ class Hello:
     worker: int
     config_hash: str
     config: dict[str, Any] = field(default_factory=dict)
+    nonce: str = ""  # a worker's session nonce, and its end-to-end tag (common/relay_auth.py)
+    tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class Push:
     pull_next: bool = False
     bare_params: bool = False
     dtype: str = FLOAT32
+    tag: str = ""  # the worker's end-to-end tag of this header (common/relay_auth.py)
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def reheaded(frames: Sequence[Buffer], header: Header) -> list[Buffer]:
 _packers = threading.local()
 # Fields added to protocol 3 after its first peers: sent only when not at their default,
 # so that such a peer still reads every message that does not need them (a float32 PUSH).
-_SENT_IF_SET = {"dtype": FLOAT32}
+_SENT_IF_SET = {"dtype": FLOAT32, "nonce": "", "tag": ""}
 
 
 def _header_frame(header: Header) -> bytes:

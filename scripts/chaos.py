@@ -140,6 +140,10 @@ class Target:
     shard: int
     shard_size: int
 
+    def curve(self, ring: KeyRing, key: str) -> CurveClient:
+        """What ``key`` connects to this node with (a proxy presents its own key)."""
+        return ring.client_curve(key, self.shard, via_proxy=self.name.startswith("proxy-"))
+
 
 @dataclass(frozen=True)
 class Attackers:
@@ -467,7 +471,7 @@ class Lane:
         sock = self.socks.get(flood.key)
         if sock is None:
             sock = self.socks[flood.key] = connect_dealer(
-                ctx, flood.target.endpoint, 0, ring.client_curve(flood.key, flood.target.shard))
+                ctx, flood.target.endpoint, 0, flood.target.curve(ring, flood.key))
             sock.setsockopt(zmq.SNDHWM, 200)
         return sock
 
@@ -737,7 +741,7 @@ class Attack:
     def status(self, target: Target, key: str = "evaluator") -> StatusReply | None:
         """The STATUS of the server behind ``target`` (its counters)."""
         sock = connect_dealer(self.ctx, target.endpoint, 0,
-                              self.ring.client_curve(key, target.shard))
+                              target.curve(self.ring, key))
         try:
             sock.send_multipart([b"", *_frames(Status())])
             if sock.poll(10_000):
@@ -897,8 +901,8 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
                   "giant-silent": f"worker-{attackers.silent}"}
     giants = {name: Offender(name, server, ring.client_curve(key, server.shard), _giant(),
                              name == "giant", halt) for name, key in giant_keys.items()}
-    oversize = {t.name: Offender(f"oversize@{t.name}", t, ring.client_curve(
-        f"worker-{attackers.oversize}", t.shard), _oversize(t, attackers.oversize), True, halt)
+    oversize = {t.name: Offender(f"oversize@{t.name}", t, t.curve(
+        ring, f"worker-{attackers.oversize}"), _oversize(t, attackers.oversize), True, halt)
         for t in targets}
     hostile = Attack(cfg, ring, targets, quota, attackers, options["window_wait_s"])
     straggler = Straggler(server, ring.client_curve(f"worker-{attackers.flood}", server.shard),

@@ -205,11 +205,8 @@ check_container() {  # service container-id
     || fail "$1: docker exec failed: $problems"
   [ -z "$problems" ] || fail "$1: $(tr '\n' ';' <<<"$problems")"
   secrets="$(tr ' ' '\n' <<<"$given" | grep -c 'key_secret$')"
-  case "$1" in
-    proxy-*) [ "$secrets" = 2 ] || fail "$1 holds $secrets secret key files, not 2" ;;
-    *) [ "$secrets" = 1 ] && [[ " $given" == *" $1.key_secret "* ]] \
-         || fail "$1 holds secret keys [$given], not its own alone" ;;
-  esac
+  [ "$secrets" = 1 ] && [[ " $given" == *" $1.key_secret "* ]] \
+    || fail "$1 holds secret keys [$given], not its own alone"
   say "$1: /run/secrets/keys holds exactly its $(wc -w <<<"$given") key files ($secrets secret" \
     "key(s); modes checked, none in the environment), read-only root, /runs writable"
 }

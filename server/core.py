@@ -72,7 +72,7 @@ from common.sharding import format_shard_set
 from server.checkpoint import Checkpoint
 from server.group import ShardGroup
 from server.options import ServerOptions
-from server.sessions import Session, Sessions, check_claim
+from server.sessions import RelayTags, Session, Sessions, check_claim
 from server.shard import RoundMetrics
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ class ServerCore:
         metrics: dict[int, JsonlWriter] | None = None,
         save: Callable[[list[Checkpoint]], None] | None = None,
         on_bar: Callable[[Identity, str], object] | None = None,
+        relay: RelayTags | None = None,
     ) -> None:
         self.cfg = cfg
         self.options = options
@@ -135,6 +136,7 @@ class ServerCore:
         self.save = save
         self.counters: Counter[str] = Counter()
         self.sessions = Sessions()
+        self.relay = relay  # checks relayed workers' end-to-end tags (None: no keys)
         # (peer, round) -> the envelope to answer with PARAMS(round)
         self.parked: dict[tuple[Peer, int], list[Any]] = {}
         self.bare: set[tuple[Peer, int]] = set()  # those parked by a bare_params push
@@ -294,6 +296,13 @@ class ServerCore:
                 and 0 <= identity.index < self.cfg.num_workers):
             self.absent[identity.index] = True
 
+    def _relay_tags(self) -> RelayTags:
+        """The checker of relayed tags; FORBIDDEN without one (no worker's key here)."""
+        if self.relay is None:
+            raise Refused(ErrorCode.FORBIDDEN, "this server cannot check relayed workers' "
+                          "end-to-end tags")
+        return self.relay
+
     def _on_hello(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
         hello: Hello = incoming.message.header  # type: ignore[union-attr,assignment]
         envelope, peer = incoming.envelope, incoming.peer
@@ -322,6 +331,9 @@ class ServerCore:
                 f"worker {hello.worker} is not in 0..{self.cfg.num_workers - 1}",
             )
         session = Session(hello.role, hello.worker, incoming.identity)
+        if session.relayed and hello.role == "worker":
+            self._relay_tags().check_hello(hello)
+            session = Session(hello.role, hello.worker, incoming.identity, hello.nonce)
         if hello.role == "evaluator":
             # an evaluator that reconnected waits on its new socket, not its old ones
             self.readers_waiting.difference_update(self.sessions.peers_of(session))
@@ -364,6 +376,8 @@ class ServerCore:
         if session.role != "worker" or session.worker != push.worker:
             raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
                           f"{session.worker}, not as worker {push.worker}")
+        if session.relayed:
+            self._relay_tags().check_push(push, session.nonce)
         self.absent[push.worker] = False  # it is there: later rounds wait for it again
         if self.state.counted(push.round, push.worker):
             replies = self._answer_repeat(envelope, peer, push)

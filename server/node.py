@@ -7,6 +7,7 @@ core is done or a stop was requested (then the shards are checkpointed on the wa
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ from server.checkpoint import (
 )
 from server.core import CHECKPOINT_FAILED, RestoreError, ServerCore
 from server.options import ServerOptions
+from server.sessions import RelayTags
 
 log = logging.getLogger("ps.server")
 
@@ -96,6 +98,9 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     mac_keys = {s: server_mac_key(keys, s, first) for s in shards}
     core, writer = build_core(cfg, options, process.out_dir, initial, mac_keys)
     curve = keys.server_curve(first, cfg.num_workers) if keys else None
+    if keys is not None:
+        core.relay = RelayTags(cfg.config_hash, first,
+                               functools.partial(keys.server_relay_key, first))
     ctx = node_context(curve is not None)
     largest = largest_message(core.state.size, WIRE_ITEM_BYTES[cfg.wire_dtype])  # a push
     listener = Listener(ctx, options.bind, curve, largest,

@@ -5,7 +5,8 @@ PULL; the HELLO opens a session that binds the peer to its role and worker id, s
 session opened as worker i can push only as worker i. With CURVE keys every message must
 be within the scope of the key that authenticated the connection (:func:`check_claim`):
 a proxy's key, only at the server process it fronts, may say HELLO as the proxy itself and relay
-the HELLOs of the workers behind it (relayed messages carry the proxy's routing frame).
+the HELLOs of the workers behind it (relayed messages carry the proxy's routing frame),
+each with its worker's end-to-end tag, as each relayed push header (:class:`RelayTags`).
 
 The table is bounded twice, so no peer can fill it for the others: each principal (the
 authenticated key, the role and the worker id claimed) keeps at most
@@ -17,12 +18,15 @@ again (``hello-first``), which the client does by itself.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.keys import Identity
 from common.protocol import ErrorCode, Header, Hello, Pull, Push, Refused, Status
+from common.relay_auth import hello_tag, push_tag, tags_equal
 
 if TYPE_CHECKING:
     from common.transport import Peer
@@ -38,10 +42,46 @@ class Session:
     role: str
     worker: int
     identity: Identity | None
+    nonce: str = ""  # a relayed worker's session nonce, which its push tags cover
 
     @property
     def principal(self) -> tuple[str | None, str, int]:
         return (self.identity.name if self.identity else None, self.role, self.worker)
+
+    @property
+    def relayed(self) -> bool:
+        """Opened through a proxy: the worker's own tags vouch for what it sends."""
+        return self.identity is not None and self.identity.role == "proxy"
+
+
+class RelayTags:
+    """Checks the end-to-end tags (``common/relay_auth.py``) of the HELLOs and pushes a
+    proxy relays to server process ``server``: a proxy's key carries only what a worker
+    sent, never opens a session for a worker that did not connect through it, never
+    pushes a round the worker did not push. ``key(worker)``: the key the server shares
+    with that worker (computed once each)."""
+
+    def __init__(self, config_hash: str, server: int, key: Callable[[int], bytes]) -> None:
+        self.config_hash = config_hash
+        self.server = server
+        self._key = functools.lru_cache(maxsize=None)(key)
+
+    def check_hello(self, hello: Hello) -> None:
+        """FORBIDDEN unless ``hello`` carries worker ``hello.worker``'s tag for this server."""
+        expected = hello_tag(self._key(hello.worker), self.config_hash, hello.worker,
+                             self.server, hello.nonce)
+        if not hello.nonce or not tags_equal(hello.tag, expected):
+            raise Refused(ErrorCode.FORBIDDEN, f"a relayed HELLO as worker {hello.worker} "
+                          "without that worker's end-to-end tag: a proxy carries only what "
+                          "a worker sent")
+
+    def check_push(self, push: Push, nonce: str) -> None:
+        """FORBIDDEN unless ``push``'s header carries its worker's tag for this session."""
+        expected = push_tag(self._key(push.worker), self.config_hash, push.worker,
+                            self.server, nonce, push.round, push.length, push.dtype)
+        if not tags_equal(push.tag, expected):
+            raise Refused(ErrorCode.FORBIDDEN, f"a relayed push of round {push.round} as "
+                          f"worker {push.worker} without that worker's end-to-end tag")
 
 
 def check_claim(identity: Identity | None, header: Header, depth: int = 1,

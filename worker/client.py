@@ -24,10 +24,11 @@ With keys each link is a CURVE client that checks the server's key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import zmq
@@ -122,7 +123,9 @@ class Link:
 class ClusterClient:
     """Talks to the server processes of one run on behalf of a worker or evaluator:
     ``servers`` as ``ClientCore`` takes them (each link's key is its process's,
-    ``server-<first shard>``)."""
+    ``server-<first shard>``, or for those in ``via_proxy`` the key of the ps-proxy in
+    front of it, ``proxy-<first shard>``; a worker tags what it says end to end for the
+    server either way)."""
 
     def __init__(
         self,
@@ -134,12 +137,18 @@ class ClusterClient:
         keys: KeyRing | None = None,
         replay_rounds: int = 0,
         vectors: HostBuffers | None = None,
+        via_proxy: Collection[int] = (),
     ) -> None:
-        self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors)
+        auth = (functools.partial(keys.worker_relay_key, worker)
+                if keys is not None and role == "worker" else None)
+        self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors,
+                               auth)
         self.ctx = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
         self.links = [Link(self.ctx, link.endpoint,
-                           keys.client_curve(name, link.shards[0]) if keys else None)
+                           keys.client_curve(name, link.shards[0],
+                                             via_proxy=link.shards[0] in via_proxy)
+                           if keys else None)
                       for link in self.core.links]
 
     @property

@@ -48,7 +48,7 @@ import enum
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -71,6 +71,7 @@ from common.protocol import (
     encode,
     reheaded,
 )
+from common.relay_auth import hello_tag, new_nonce, push_tag
 from common.sharding import ServerSlices, ShardSet, format_shard_set, parse_servers
 
 log = logging.getLogger("ps.client")
@@ -199,6 +200,12 @@ class _Link:
     failing_since: float | None = None
     connected: bool = False  # a handshake succeeded on the current connection
     dropped: bool = False  # a connection that had got through was lost since
+    # the key this worker shares with the server process end to end (None: no keys), and
+    # this connection's session nonce: its HELLO and push headers carry their tags, so a
+    # proxy on the way carries only what the worker sent (common/relay_auth.py)
+    auth: bytes | None = None
+    nonce: str = ""
+    hello: list[bytes] = field(default_factory=list)
 
     def handshake_error(self, now: float) -> PeerError:
         """The error that names this endpoint's failed handshake."""
@@ -208,7 +215,8 @@ class _Link:
         return PeerError(
             f"the security handshake with {self.endpoint} failed{closed}: the peer there "
             f"does not hold the key of the server expected there, or does not admit "
-            f"this process's key (an impostor, a wrong address, or the wrong --keys?)")
+            f"this process's key (an impostor, a wrong address, the wrong --keys, or a "
+            f"ps-proxy in front of it that --via-proxy does not name?)")
 
 
 # What a stale-round refusal does in an exchange: (server index, refusal, now) -> what to send.
@@ -232,9 +240,12 @@ class ClientCore:
     def __init__(self, cfg: RunConfig, role: str, worker: int,
                  servers: list[str] | list[tuple[ShardSet, str]],
                  policy: RetryPolicy | None = None, replay_rounds: int = 0,
-                 vectors: HostBuffers | None = None) -> None:
+                 vectors: HostBuffers | None = None,
+                 auth: Callable[[int], bytes] | None = None) -> None:
         """``vectors``: where the parameters a server process sends are received (reused
-        host vectors of d values, shared by the workers of a process), else new arrays."""
+        host vectors of d values, shared by the workers of a process), else new arrays.
+        ``auth``: the key a worker shares with server process s (its first shard), to
+        tag its HELLOs and push headers end to end (None: no keys in use)."""
         self.cfg = cfg
         self.vectors = vectors
         self.worker = worker
@@ -242,8 +253,14 @@ class ClientCore:
         self.links = [_Link(e, shards) for shards, e in server_list(cfg, servers)]
         self.sent = SentPushes(replay_rounds)
         self.d = 0
-        self.hello_frames = encode(Hello(role=role, worker=worker,
-                                         config_hash=cfg.config_hash, config=cfg.to_dict()))
+        for link in self.links:
+            hello = Hello(role=role, worker=worker, config_hash=cfg.config_hash,
+                          config=cfg.to_dict())
+            if auth is not None and role == "worker":
+                link.auth, link.nonce = auth(link.shards[0]), new_nonce()
+                hello = replace(hello, nonce=link.nonce, tag=hello_tag(
+                    link.auth, cfg.config_hash, worker, link.shards[0], link.nonce))
+            link.hello = encode(hello)
         self.pending: set[int] = set()
         self.results: dict[int, object] = {}
         self.outcome: object = None
@@ -255,7 +272,7 @@ class ClientCore:
     def hello(self, now: float) -> list[Send]:
         """Say HELLO to every server; ``outcome``: the WELCOMEs (d, and so where each
         server's shards lie, is learnt from them)."""
-        steps = {s: _Step(self.hello_frames, _reader(Welcome)) for s in range(len(self.links))}
+        steps = {s: _Step(link.hello, _reader(Welcome)) for s, link in enumerate(self.links)}
         return self._begin(steps, self._welcomed, None, now)
 
     def pull(self, round_: int, now: float) -> list[Send]:
@@ -334,19 +351,28 @@ class ClientCore:
         answered by PARAMS(round_ + 1) copied into ``x`` (bare with ``bare_params``)."""
         link = self.links[server]
         values = self._slices_of(link, gradient)
-        length = link.slices.length  # type: ignore[union-attr]
-        header = Push(round=round_, worker=self.worker, length=length,
-                      pull_next=x is not None, bare_params=x is not None and bare_params,
-                      dtype=self.cfg.wire_dtype)
+        header = replace(self._push_header(link, round_), pull_next=x is not None,
+                         bare_params=x is not None and bare_params)
         step = _Step(encode(header, values), _reader(Ack), idempotent=True, push_round=round_)
         if x is not None:
             step.read = self._params_into(x, server, round_ + 1, bare=bare_params)
             # counted already: its reply was lost; PULL the next round instead
             step.on_repeat = self._pull_step(x, server, round_ + 1)
             step.on_repeat.repush = reheaded(  # the same values, not encoded again
-                step.frames, Push(round=round_, worker=self.worker, length=length,
-                                  dtype=self.cfg.wire_dtype))
+                step.frames, self._push_header(link, round_))
         return step
+
+    def _push_header(self, link: _Link, round_: int) -> Push:
+        """This worker's push header of ``round_`` to ``link``'s server process, with its
+        end-to-end tag when keys are in use (``pull_next`` and ``bare_params`` off)."""
+        length = link.slices.length  # type: ignore[union-attr]  # known since the WELCOME
+        header = Push(round=round_, worker=self.worker, length=length,
+                      dtype=self.cfg.wire_dtype)
+        if link.auth is None:
+            return header
+        return replace(header, tag=push_tag(link.auth, self.cfg.config_hash, self.worker,
+                                            link.shards[0], link.nonce, round_, length,
+                                            self.cfg.wire_dtype))
 
     def _caught_up(self, server: int, error: Error, now: float) -> list[Send]:
         """A push refused as stale (its round closed without this worker): catch up."""
@@ -530,12 +556,13 @@ class ClientCore:
         link = self.links[server]
         link.connected = link.dropped = False
         link.welcomes_due = 1
-        return Send(server, self.hello_frames, reopen=True)
+        return Send(server, link.hello, reopen=True)
 
     def _hello_again(self, server: int) -> Send:
         """HELLO on the same connection before the next request (its WELCOME skipped)."""
-        self.links[server].welcomes_due += 1
-        return Send(server, self.hello_frames)
+        link = self.links[server]
+        link.welcomes_due += 1
+        return Send(server, link.hello)
 
     def _reconnect(self, server: int, now: float) -> list[Send]:
         """The current request again on a new connection (after a re-push, if it has one)."""
@@ -564,8 +591,7 @@ class ClientCore:
                     f"{link.endpoint} restarted at round {first}, but this worker keeps "
                     f"only its last {self.sent.window} rounds (--replay-rounds) and is at "
                     f"round {last}")
-            header = Push(round=k, worker=self.worker, length=link.slices.length,  # type: ignore[union-attr]
-                          pull_next=True, dtype=self.cfg.wire_dtype)
+            header = replace(self._push_header(link, k), pull_next=True)
             replays.append(_Step(encode(header, self._slices_of(link, gradient)),
                                  _reader(Params), idempotent=True))
         link.steps.extendleft(reversed(replays))

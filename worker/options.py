@@ -29,6 +29,12 @@ class ClientOptions:
         "1,3); each has its own key, connections, data partition and metrics, and they "
         "compute one after the other on one model (required unless --evaluate).",
         roles=(WORKER,))
+    via_proxy: tuple[int, ...] = setting(
+        (), "Server processes (by first shard) this worker reaches through the ps-proxy in "
+        "front of each (its endpoint in --servers): with --keys it expects the proxy's key "
+        "there (proxy-<s>), and still tags its HELLO and push headers end to end for the "
+        "server behind it, so the proxy can change values but not speak for it.",
+        roles=(WORKER,), minimum=0)
     evaluate: bool = setting(False, "Run as the evaluator: read-only, measures test loss, "
                              "top-1 and top-3 every --eval-every rounds.", roles=(EVALUATOR,))
     data_dir: Path | None = setting(None, "Directory holding the dataset files (not needed for "

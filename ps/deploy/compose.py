@@ -202,7 +202,10 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     params = {name: from_environ(a, env, LAUNCHERS) for name, a in ATTACKS.items()}
     byzantine = tuple(options["byzantine_workers"])
     proxies = tuple(options["proxy_shards"])
-    if not proxies:  # --proxy-shards '': no proxy, whatever attack the env file names
+    if scenario.proxy_attack == NO_ATTACK:
+        # a proxy (and its key) only where the env file's experiment asks for one
+        proxies = ()
+    elif not proxies:  # --proxy-shards '': no proxy, whatever attack the env file names
         scenario = replace(scenario, proxy_attack=NO_ATTACK)
     attack = replace(scenario, params=params, proxy_shards=proxies,
                      byzantine_workers=byzantine,
@@ -261,7 +264,8 @@ def worker_environment(dep: Deployment, worker_id: int | None, byzantine: bool,
     lies = (attack, *attack.active(attack.worker_attack)) if byzantine else ()
     return _environment(
         WORKER, dep.settings(ClientOptions, WORKER, servers=",".join(map(endpoint, fronts)),
-                             worker_id=None if worker_id is None else str(worker_id)),
+                             worker_id=None if worker_id is None else str(worker_id),
+                             via_proxy=dep.proxied),
         *lies, SecurityOptions(keys=keys_dir),
         dep.settings(ProcessOptions, WORKER, out_dir=OUT_DIR))
 
@@ -538,8 +542,9 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
                         help="env file holding the run's settings, relative to the "
                         f"repository root (default {DEFAULT_ENV})")
     parser.add_argument("--proxy-shards", type=int_list, default=[0],
-                        help="shards with a ps-proxy in front (comma-separated, '' for "
-                        "none; default 0)")
+                        help="shards with a ps-proxy in front when the env file names a "
+                        "PS_PROXY_ATTACK (comma-separated, '' for none; default 0); with "
+                        "PS_PROXY_ATTACK=none there is no proxy and no proxy key")
     parser.add_argument("--byzantine-workers", type=int_list, default=[],
                         help="worker ids that run --worker-attack (comma-separated)")
     parser.add_argument("--worker-attack", choices=attack_names(WORKER)[1:], default="gaussian",

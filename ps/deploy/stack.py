@@ -98,9 +98,11 @@ def service_keys(dep: Deployment) -> dict[str, list[str]]:
 
     * ``server-<first>``: the public keys of the clients it admits (every worker, the
       evaluator, its proxy if any);
-    * ``proxy-<first>``: also ``server-<first>``'s pair (it impersonates that server
-      process to the workers) and the workers' public keys;
-    * ``worker-<i>``, ``evaluator``: the servers' public keys.
+    * ``proxy-<first>``: ``server-<first>``'s public key and the workers' (nothing of
+      the server's secret);
+    * ``worker-<i>``: the servers' public keys and the proxies' (it expects
+      ``proxy-<s>`` at a server process it reaches through its proxy);
+    * ``evaluator``: the servers' public keys.
     """
     cfg = dep.cfg
     return {name: needed_keys(name, cfg.num_shards, cfg.num_workers, dep.proxied)

@@ -292,7 +292,8 @@ class Cluster:
         place = list(self.teams).index(first) if first in self.teams else first
         client = replace(self.spec.client, servers=",".join(endpoints),
                          worker_id=format_shard_set(team),
-                         device=spread_device(self.spec.client.device, place))
+                         device=spread_device(self.spec.client.device, place),
+                         via_proxy=tuple(self._proxied()))
         lies = ((attack, *attack.active(attack.worker_attack))
                 if any(map(attack.is_byzantine, team)) else ())
         return child_argv(WORKER, client, *lies, self.spec.cfg, self.security,

@@ -18,8 +18,8 @@ class ProxyOptions:
                           env="PS_PROXY_SERVER", roles=(PROXY,), required=True)
     shard: str | None = setting(None, "The shards of the server process this proxy fronts "
                                 "(as its --shard: 3, 0-4, 1,3); with --keys they pick the "
-                                "keys (the server's, server-<first>, which the proxy presents "
-                                "to the workers, and proxy-<first>). It corrupts those of "
+                                "keys (its own, proxy-<first>, which it presents to the "
+                                "workers, and server-<first>'s public key). It corrupts those of "
                                 "them in --proxy-shards (default: all).", flag="--shard",
                                 env="PS_PROXY_SHARD", roles=(PROXY,))
     connect_timeout_s: float = setting(120.0, "Seconds to wait for the server to answer the "

@@ -21,8 +21,7 @@ What the MAC cannot do: it does not stop an insider who can delete the file (the
 then starts at round 0) or put back an *older* checkpoint of the same server and run
 (a rollback: within the workers' ``--replay-rounds`` they replay it as after a crash,
 with the same result; beyond it they stop with a peer error). A proxy test tool holds
-the key of the server it impersonates, so it could forge that server's checkpoints;
-deployments have no proxies.
+its own key only, nothing from which a server's MAC key derives.
 """
 
 from server.checkpoint.format import Checkpoint, CheckpointError, Expected

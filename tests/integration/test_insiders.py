@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -16,7 +17,7 @@ from zmq.utils.monitor import recv_monitor_message
 from common.config import AttackConfig, RunConfig
 from common.keys import KeyRing, create_keys
 from common.metrics import read_jsonl
-from common.protocol import Error, Hello, Status, Welcome, decode, encode
+from common.protocol import Error, Hello, Push, Status, Welcome, decode, encode
 from common.settings import SERVER, to_argv
 from common.transport import connect_dealer
 from ps.reference.engine import simulate
@@ -30,6 +31,8 @@ CFG = RunConfig(dataset="synthetic", num_workers=6, num_shards=2, rule="marmed",
                 rounds=40, seed=4).validate()
 DEADLINE_S = 2.0
 QUORUM = ["--round-timeout", str(DEADLINE_S), "--quorum", "5"]
+CFG_SHARD_LENGTH = 64  # any length: the push is refused before its values are read
+PUSHED = np.full(CFG_SHARD_LENGTH, 1e6, dtype=np.float32)
 
 
 def start_servers(processes, out: Path, keys: Path, *extra: str) -> list[str]:
@@ -92,6 +95,40 @@ def test_a_proxy_key_is_refused_by_the_servers_it_does_not_front(processes, tmp_
         assert isinstance(reply, Error) and reply.code == "forbidden"
     finally:
         own.close(0)
+
+
+def test_a_stolen_proxy_key_cannot_invent_workers_at_the_server_it_fronts(
+        processes, tmp_path) -> None:
+    """Issue 35: proxy-0's key connected straight to server-0 with a made-up envelope
+    frame before the delimiter, as each worker: no HELLO or push is accepted (before,
+    the server opened sessions as all of them and acknowledged the invented pushes), and
+    the honest workers then run the whole run."""
+    keys = tmp_path / "keys"
+    create_keys(keys, CFG.num_shards, CFG.num_workers, proxies=(0,))
+    endpoints = start_servers(processes, tmp_path, keys)
+    ring = KeyRing(keys)
+    thief = connect_dealer(zmq.Context.instance(), endpoints[0], 0,
+                           ring.client_curve("proxy-0", 0))
+    try:
+        for w in range(CFG.num_workers):
+            route = b"invented-%d" % w
+            for header, values in (
+                    (Hello(role="worker", worker=w, config_hash=CFG.config_hash), None),
+                    (Push(round=0, worker=w, length=CFG_SHARD_LENGTH), PUSHED)):
+                thief.send_multipart([route, b"", *encode(header, values)])
+                assert thief.poll(10_000), "no reply"
+                frames = thief.recv_multipart()
+                assert frames[0] == route
+                reply = decode(frames[2:]).header
+                assert isinstance(reply, Error) and reply.code in ("forbidden", "hello-first")
+    finally:
+        thief.close(0)
+    workers = start_workers(processes, endpoints, keys, range(CFG.num_workers))
+    for worker in workers:
+        assert processes.wait_exit(worker, 120) == 0, worker.tail()
+    rounds = read_jsonl(tmp_path / "server-0.jsonl")
+    assert [r["round"] for r in rounds] == list(range(CFG.rounds))
+    assert all(r["params_finite"] and not r["missing"] for r in rounds)
 
 
 def test_a_killed_worker_costs_one_deadline_not_one_per_round(processes, tmp_path) -> None:

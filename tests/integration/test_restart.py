@@ -94,7 +94,8 @@ def test_killed_proxy_restarts_and_the_run_ends_bit_identical(processes, tmp_pat
     victim, front = proxy("tcp://127.0.0.1:*")
     workers = [
         processes.start(f"worker-{i}", "worker.cli", [
-            "--servers", f"{front},{e1}", "--worker-id", str(i), "--timeout", "1.5",
+            "--servers", f"{front},{e1}", "--via-proxy", "0", "--worker-id", str(i),
+            "--timeout", "1.5",
             "--retries", "20", *keys, *to_argv(CFG, SERVER)])
         for i in range(CFG.num_workers)
     ]

@@ -47,14 +47,16 @@ def test_a_key_reaches_the_shards_of_its_scope(name: str, reaches: set[int]) -> 
 
 def test_each_process_loads_its_own_secret_and_the_public_keys_it_checks() -> None:
     assert needed_keys("worker-1", 2, 3, (0,)) == [
-        "worker-1.key_secret", "server-0.key", "server-1.key"]
+        "worker-1.key_secret", "server-0.key", "server-1.key", "proxy-0.key"]
+    assert needed_keys("worker-1", 2, 3) == ["worker-1.key_secret", "server-0.key",
+                                             "server-1.key"]
     assert needed_keys("server-0", 2, 2, (0,)) == [
         "server-0.key_secret", "worker-0.key", "worker-1.key", "evaluator.key", "proxy-0.key"]
     assert needed_keys("server-1", 2, 2, (0,)) == [
         "server-1.key_secret", "worker-0.key", "worker-1.key", "evaluator.key"]
+    # the proxy holds no secret of the server's (it could pose as it, forge checkpoints)
     assert needed_keys("proxy-0", 2, 2, (0,)) == [
-        "proxy-0.key_secret", "server-0.key_secret", "server-0.key", "worker-0.key",
-        "worker-1.key"]
+        "proxy-0.key_secret", "server-0.key", "worker-0.key", "worker-1.key"]
     with pytest.raises(ConfigError, match="no identity"):
         needed_keys("worker-01", 2, 2)
 

@@ -190,17 +190,18 @@ def test_hellos_are_logged_once_per_peer_and_interval(caplog) -> None:
     assert sum("hello from" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_proxys_budget_is_per_worker_it_relays() -> None:
-    """Refusals of one worker behind a proxy do not eat the others' budget."""
+def test_a_proxys_budget_is_per_key_whatever_envelope_it_names() -> None:
+    """Issue 35: a proxy key's holder picks the envelope frames; a new one per message
+    must not buy a new budget (1,000 garbage messages got 1,000 replies and log lines)."""
     core = make_core(cfg=CFG5)
     proxy = Identity("proxy", 0)
-    for _ in range(int(REFUSAL_BURST) + 10):
-        bad = garbage([b"proxy-conn", b"worker-1-at-proxy"])
+    replies = 0
+    for i in range(1000):
+        bad = garbage([b"proxy-conn", b"made-up-%d" % i])
         bad.identity = proxy
-        core.handle(bad, 0.0)
-    bad = garbage([b"proxy-conn", b"worker-2-at-proxy"])
-    bad.identity = proxy
-    assert core.handle(bad, 0.0)
+        replies += len(core.handle(bad, 0.0))
+    assert replies == int(REFUSAL_BURST)
+    assert core.counters["unanswered"] == 1000 - int(REFUSAL_BURST)
 
 
 def test_an_accepted_push_is_never_budgeted() -> None:

@@ -235,7 +235,8 @@ def test_a_child_is_handed_only_settings_its_command_takes(tmp_path: Path) -> No
         child_argv(SERVER, CFG, ProxyOptions(server="tcp://s:1"))
     assert child_argv(SERVER, CFG, SecurityOptions(keys=tmp_path))[-2:] == [
         "--keys", str(tmp_path)]
-    env = {"PS_DATASET": "synthetic", "PS_WORKERS": "5", "PS_SHARDS": "2"}
+    env = {"PS_DATASET": "synthetic", "PS_WORKERS": "5", "PS_SHARDS": "2",
+           "PS_PROXY_ATTACK": "gambler"}
     dep = deployment(env, {"proxy_shards": [0], "byzantine_workers": [], "worker_attack": "x"})
     with pytest.raises(TypeError, match="ps-worker takes no settings of ServerOptions"):
         compose_environment(WORKER, ServerOptions())

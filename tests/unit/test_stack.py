@@ -129,9 +129,9 @@ EXPECTED_KEYS = {
                  "evaluator.key", "proxy-0.key"],
     "server-1": ["server-1.key_secret", *(f"worker-{i}.key" for i in range(8)),
                  "evaluator.key"],
-    "proxy-0": ["proxy-0.key_secret", "server-0.key_secret", "server-0.key",
-                *(f"worker-{i}.key" for i in range(8))],
-    "worker-3": ["worker-3.key_secret", *(f"server-{k}.key" for k in range(4))],
+    # the proxy: its own secret only (nothing of server-0's: it cannot pose as it)
+    "proxy-0": ["proxy-0.key_secret", "server-0.key", *(f"worker-{i}.key" for i in range(8))],
+    "worker-3": ["worker-3.key_secret", *(f"server-{k}.key" for k in range(4)), "proxy-0.key"],
     "evaluator": ["evaluator.key_secret", *(f"server-{k}.key" for k in range(4))],
 }
 
@@ -149,8 +149,7 @@ def test_secrets_per_service(tmp_path: Path) -> None:
             assert mount["target"] == f"/run/secrets/keys/{mount['source']}"
             assert (mount["uid"], mount["gid"]) == ("1000", "1000")
             assert mount["mode"] == (0o400 if mount["source"].endswith("_secret") else 0o444)
-        assert sum(m["source"].endswith(".key_secret") for m in service["secrets"]) == (
-            2 if name.startswith("proxy") else 1)
+        assert sum(m["source"].endswith(".key_secret") for m in service["secrets"]) == 1
     # the secrets the stack declares are the files `ps-keys` writes with the header's
     # arguments, all external and named <prefix>-<file>
     text = render(dep, DEFAULT)
@@ -181,7 +180,9 @@ def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
         return (ring.client_curve(service, k), front.secret,
                 sorted(i.name for i in front.clients.values()))
     if service.startswith("worker-"):
-        return [ring.client_curve(service, k) for k in range(s)]
+        worker = int(service.split("-")[1])
+        return [(ring.client_curve(service, k, via_proxy=k in dep.proxied),
+                 ring.worker_relay_key(worker, k)) for k in range(s)]
     return [ring.client_curve("evaluator", k) for k in range(s)]
 
 
@@ -337,7 +338,7 @@ def test_two_server_processes_secrets_are_the_needed_keys_of_process_names(
         assert keys[name] == needed_keys(name, 4, 8, [0]), name
         assert [m["source"] for m in service["secrets"]] == keys[name]
     assert "proxy-0.key" in keys["server-0"] and "proxy-0.key" not in keys["server-2"]
-    assert keys["proxy-0"][:3] == ["proxy-0.key_secret", "server-0.key_secret", "server-0.key"]
+    assert keys["proxy-0"][:2] == ["proxy-0.key_secret", "server-0.key"]
     text = render(dep, DEFAULT)
     assert KEYS_MARK + "--shards 4 --workers 8 --proxies 0" in text.splitlines()
     assert "4 shards on 2 server processes (0-1, 2-3)" in text
