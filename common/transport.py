@@ -182,9 +182,14 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveServer | None = Non
 
 
 def connect_dealer(ctx: zmq.Context, endpoint: str, linger_ms: int = LINGER_MS,
-                   curve: CurveClient | None = None) -> zmq.Socket:
-    """A configured DEALER connected to ``endpoint`` (a CURVE client with ``curve``)."""
+                   curve: CurveClient | None = None,
+                   max_frame: int | None = None) -> zmq.Socket:
+    """A configured DEALER connected to ``endpoint`` (a CURVE client with ``curve``);
+    ``max_frame``: a lower inbound frame limit than the default (a larger frame
+    disconnects the peer)."""
     sock = configure(ctx.socket(zmq.DEALER), linger_ms)
+    if max_frame is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, min(INBOUND_FRAME_LIMIT, max_frame))
     if curve is not None:
         sock.curve_secretkey = curve.secret
         sock.curve_publickey = curve.public

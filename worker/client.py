@@ -39,9 +39,15 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.keys import CurveClient, KeyRing
 from common.process import check_stop
-from common.protocol import Buffer, Message, ProtocolError, Welcome
-from common.sharding import ShardSet
-from common.transport import connect_dealer, receive, send_frames
+from common.protocol import ITEM_BYTES, MAX_HEADER_BYTES, Buffer, Message, ProtocolError, Welcome
+from common.sharding import ServerSlices, ShardSet
+from common.transport import (
+    CURVE_FRAME_OVERHEAD,
+    connect_dealer,
+    largest_message,
+    receive,
+    send_frames,
+)
 from worker.core import ClientCore, Connection, RetryPolicy, Send
 
 log = logging.getLogger("ps.client")
@@ -67,16 +73,27 @@ def _connection(event: int) -> Connection:
 
 
 class Link:
-    """A DEALER socket to one endpoint, and its monitor, that can be reopened."""
+    """A DEALER socket to one endpoint, and its monitor, that can be reopened.
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveClient | None) -> None:
+    ``length``: the values of the server process's shards, when known: no reply is then
+    larger than a PARAMS of them (``largest_message``), and no frame larger than its
+    values or a header, so a larger one disconnects the peer (ZeroMQ's MAXMSGSIZE) or is
+    read and dropped (:func:`common.transport.receive`): a Byzantine server or proxy
+    cannot make a worker hold more."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveClient | None,
+                 length: int | None = None) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
         self.curve = curve
+        self.max_bytes = None if length is None else largest_message(length)
+        self.max_frame = (None if length is None
+                          else max(MAX_HEADER_BYTES, ITEM_BYTES * length) + CURVE_FRAME_OVERHEAD)
         self.socket, self.monitor = self._open()
 
     def _open(self) -> tuple[zmq.Socket, zmq.Socket]:
-        sock = connect_dealer(self.ctx, self.endpoint, linger_ms=0, curve=self.curve)
+        sock = connect_dealer(self.ctx, self.endpoint, linger_ms=0, curve=self.curve,
+                              max_frame=self.max_frame)
         events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         if self.curve is not None:
             events |= HANDSHAKE_FAILED
@@ -100,7 +117,7 @@ class Link:
 
     def receive(self) -> Message | ProtocolError:
         """The next reply, or why it is malformed."""
-        incoming = receive(self.socket)
+        incoming = receive(self.socket, self.max_bytes)
         if incoming.message is None:
             return incoming.error or ProtocolError("undecodable reply")
         if incoming.envelope:
@@ -138,6 +155,7 @@ class ClusterClient:
         replay_rounds: int = 0,
         vectors: HostBuffers | None = None,
         via_proxy: Collection[int] = (),
+        d: int | None = None,
     ) -> None:
         auth = (functools.partial(keys.worker_relay_key, worker)
                 if keys is not None and role == "worker" else None)
@@ -148,7 +166,9 @@ class ClusterClient:
         self.links = [Link(self.ctx, link.endpoint,
                            keys.client_curve(name, link.shards[0],
                                              via_proxy=link.shards[0] in via_proxy)
-                           if keys else None)
+                           if keys else None,
+                           None if d is None
+                           else ServerSlices.of(d, cfg.num_shards, link.shards).length)
                       for link in self.core.links]
 
     @property

@@ -35,7 +35,11 @@ decision of the exchange:
   (``PeerError``); a connection closed during the handshake (an impostor, unable to read
   the HELLO, does this, but so does a TCP relay whose server is restarting) ends it
   only if no handshake succeeds for ``HANDSHAKE_GRACE_S``, or when the request gives up;
-* any other refusal raises ``ServerRefused`` (``ConfigError`` for ``config-mismatch``).
+* a reply it cannot use (malformed, larger than any legal one, of the wrong kind, or
+  any other ERROR: a Byzantine server, or a proxy in between, may send one whenever it
+  likes) is counted (``bad_replies``, by kind) and costs one attempt: the request is
+  resent on a new connection, up to ``retries`` times; then the last one ends the
+  exchange: ``ServerRefused`` (``ConfigError`` for ``config-mismatch``), ``PeerError``.
 
 ``now`` is an argument, so every branch is tested with a fake clock
 (``tests/unit/test_worker_core.py``); the ZeroMQ sockets and the poll loop around it
@@ -46,12 +50,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from common.budgets import excerpt
 from common.buffers import HostBuffers
 from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
@@ -262,6 +267,7 @@ class ClientCore:
                     link.auth, cfg.config_hash, worker, link.shards[0], link.nonce))
             link.hello = encode(hello)
         self.pending: set[int] = set()
+        self.bad_replies: Counter[str] = Counter()  # unusable replies survived, by kind
         self.results: dict[int, object] = {}
         self.outcome: object = None
         self._finish: Callable[[], object] = lambda: None
@@ -404,7 +410,11 @@ class ClientCore:
         Raises what ends the exchange: ``ServerRefused``, ``PeerError``, ``ConfigError``."""
         link = self.links[server]
         if isinstance(reply, ProtocolError):
-            raise PeerError(f"{link.endpoint} sent a malformed reply: {reply}") from reply
+            if server not in self.pending:
+                self.bad_replies["malformed"] += 1  # nothing waits for it: dropped
+                return []
+            error = PeerError(f"{link.endpoint} sent a malformed reply: {reply}")
+            return self._bad_reply(server, "malformed", error, now)
         if server not in self.pending:
             return []
         handler = _HANDLERS.get(type(reply.header), ClientCore._on_answer)
@@ -501,8 +511,24 @@ class ClientCore:
         if code == ErrorCode.STALE_ROUND.value and self._on_stale is not None:
             return self._on_stale(server, error, now)
         if code == ErrorCode.CONFIG_MISMATCH.value:
-            raise ConfigError(f"{link.endpoint} refused: {error.message}")
-        raise ServerRefused(link.endpoint, error)
+            return self._bad_reply(server, code, ConfigError(
+                f"{link.endpoint} refused: {error.message}"), now)
+        return self._bad_reply(server, code, ServerRefused(link.endpoint, error), now)
+
+    def _bad_reply(self, server: int, kind: str, error: Exception, now: float) -> list[Send]:
+        """A reply the request cannot use: counted, and one attempt spent (resent on a
+        new connection); ``error`` raised once the attempts are spent."""
+        self.bad_replies[kind] += 1
+        link = self.links[server]
+        step = link.steps[0]
+        if step.attempt >= self.policy.retries:
+            raise error
+        step.attempt += 1
+        step.resends = 0
+        step.dropped_resent = False
+        log.warning("%s; reconnecting and resending (retry %d/%d)", excerpt(error),
+                    step.attempt, self.policy.retries)
+        return self._reconnect(server, now)
 
     def _on_answer(self, server: int, reply: Message, now: float) -> list[Send]:
         step = self.links[server].steps[0]
@@ -510,7 +536,11 @@ class ClientCore:
             log.info("re-pushed to %s: %s", self.links[server].endpoint,
                      type(reply.header).__name__)
             return self._complete(server, True, now)
-        return self._complete(server, step.read(reply), now)
+        try:
+            value = step.read(reply)
+        except PeerError as exc:  # of the wrong kind, round or size
+            return self._bad_reply(server, "unusable", exc, now)
+        return self._complete(server, value, now)
 
     # -- machinery ---------------------------------------------------------------
 

@@ -83,7 +83,9 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples, device)
     log.info("evaluating on %s", describe(device))
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
-    client = ClusterClient(options.server_list(cfg.num_shards), cfg, "evaluator", -1, policy, keys)
+    d = sum(p.numel() for p in evaluator.model.parameters())
+    client = ClusterClient(options.server_list(cfg.num_shards), cfg, "evaluator", -1, policy, keys,
+                           d=d)
     metrics = JsonlWriter(out_dir / "evaluator.jsonl" if out_dir else None)
     try:
         client.hello()

@@ -156,7 +156,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     team = [_Member(w, WorkerStep(cfg, attack, computer, w, pushed),
                     ClusterClient(servers, cfg, "worker", w, policy, keys,
                                   replay_rounds=options.replay_window(computer.d),
-                                  vectors=received, via_proxy=options.via_proxy),
+                                  vectors=received, via_proxy=options.via_proxy,
+                                  d=computer.d),
                     JsonlWriter(out_dir / f"worker-{w}.jsonl" if out_dir else None),
                     bits=bits)
             for w in workers]

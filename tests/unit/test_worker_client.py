@@ -17,7 +17,7 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.protocol import Params, Pull, Welcome, decode, encode, join_envelope, split_envelope
 from worker import client
-from worker.core import RetryPolicy
+from worker.core import Connection, RetryPolicy
 
 
 def test_the_socket_cap_and_the_open_file_limit_are_raised_for_many_links(
@@ -86,3 +86,43 @@ def test_a_reply_that_came_before_its_connection_closed_is_read_not_lost() -> No
     finally:
         c.close()
         server.close(linger=0)
+
+
+def _server_and_link(length: int) -> tuple[zmq.Socket, client.Link, bytes]:
+    """A ROUTER standing in for a (Byzantine) server, a worker's link to it of
+    ``length`` values, and the link's routing id as the server sees it."""
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    link = client.Link(ctx, f"tcp://127.0.0.1:{port}", None, length=length)
+    assert link.send(encode(Pull(round=0, worker=0)))
+    assert server.poll(5000)
+    return server, link, server.recv_multipart()[0]
+
+
+def test_a_reply_larger_than_any_legal_one_is_dropped_not_held() -> None:
+    """Issue 35: a worker bounds what a server (or a proxy) can make it hold, from d and
+    S: a reply of frames each legal in size but together over a PARAMS of the link's
+    values is read and dropped, reported as unusable."""
+    server, link, peer = _server_and_link(length=100)
+    try:
+        header = encode(Params(round=0, shards=[0], length=100), np.zeros(100, np.float32))[0]
+        server.send_multipart([peer, b"", header, *([b"\0" * 60_000] * 4)])
+        assert link.socket.poll(5000)
+        reply = link.receive()
+        assert isinstance(reply, client.ProtocolError) and "larger than any legal" in str(reply)
+    finally:
+        link.close()
+        server.close(0)
+
+
+def test_a_frame_larger_than_the_links_values_disconnects_the_server() -> None:
+    server, link, peer = _server_and_link(length=100)
+    try:
+        assert link.max_frame is not None and link.max_frame < 100_000
+        server.send_multipart([peer, b"", b"\0" * 200_000])
+        assert not link.socket.poll(1000)  # never delivered: the connection was cut
+        assert Connection.DISCONNECTED in link.events()
+    finally:
+        link.close()
+        server.close(0)

@@ -108,6 +108,18 @@ def make_core(replay_rounds: int = 4) -> ClientCore:
     return core
 
 
+def until_given_up(core: ClientCore, server: int, answer: Message | ProtocolError,
+                   now: float) -> None:
+    """Deliver ``answer``, a reply the request cannot use, as often as the policy lets the
+    request be resent: each time it is counted and one attempt is spent on a new
+    connection (the resent request first); the last one raises."""
+    for attempt in range(RETRIES):
+        sends = core.handle(server, answer, now)
+        assert sends and sends[0].reopen and sends[0].link == server, sends
+        assert sum(core.bad_replies.values()) == attempt + 1
+    core.handle(server, answer, now)
+
+
 HELLO = Hello(role="worker", worker=WORKER, config_hash=CFG.config_hash,
               config=CFG.to_dict())
 
@@ -159,7 +171,7 @@ def test_params_of_another_round_are_a_peer_error() -> None:
     core.pull(3, 1.0)
     with pytest.raises(PeerError, match="s1:1 sent round 4 of shards 1 with 5 values, "
                        "expected round 3 of shards 1"):
-        core.handle(1, params(1, 4), 1.0)
+        until_given_up(core, 1, params(1, 4), 1.0)
 
 
 def test_push_sends_each_shard_its_slice_and_returns_the_next_round() -> None:
@@ -191,14 +203,14 @@ def test_a_reply_of_the_wrong_kind_is_a_peer_error() -> None:
     core = make_core()
     core.pull(1, 1.0)
     with pytest.raises(PeerError, match="expected Params, got Ack"):
-        core.handle(0, reply(Ack(round=1, worker=WORKER)), 1.0)
+        until_given_up(core, 0, reply(Ack(round=1, worker=WORKER)), 1.0)
 
 
 def test_a_malformed_reply_is_a_peer_error_naming_the_endpoint() -> None:
     core = make_core()
     core.pull(1, 1.0)
     with pytest.raises(PeerError, match="tcp://s1:1 sent a malformed reply: bad"):
-        core.handle(1, ProtocolError("bad"), 1.0)
+        until_given_up(core, 1, ProtocolError("bad"), 1.0)
 
 
 # --------------------------------------------------------------------------- bare PARAMS
@@ -265,7 +277,7 @@ def test_a_bare_reply_is_checked_like_a_full_one(changes: dict, what: str) -> No
     core = make_core()
     core.push(2, gradient(2), 1.0, bare_params=True)
     with pytest.raises(PeerError, match=what):
-        core.handle(1, bare(1, 3, **changes), 1.5)
+        until_given_up(core, 1, bare(1, 3, **changes), 1.5)
 
 
 def test_a_bare_reply_to_a_push_that_did_not_ask_is_a_peer_error() -> None:
@@ -273,7 +285,7 @@ def test_a_bare_reply_to_a_push_that_did_not_ask_is_a_peer_error() -> None:
     core.push(2, gradient(2), 1.0)
     with pytest.raises(PeerError, match="s1:1 sent a bare PARAMS of round 3, which this "
                        "worker did not ask for"):
-        core.handle(1, bare(1, 3), 1.5)
+        until_given_up(core, 1, bare(1, 3), 1.5)
 
 
 @pytest.mark.parametrize("start", ["pull", "catch_up"])
@@ -281,7 +293,7 @@ def test_a_bare_reply_to_a_pull_is_a_peer_error(start: str) -> None:
     core = make_core()
     getattr(core, start)(3, 1.0)
     with pytest.raises(PeerError, match="did not ask for"):
-        core.handle(0, bare(0, 3), 1.5)
+        until_given_up(core, 0, bare(0, 3), 1.5)
 
 
 def test_a_resent_bare_push_counted_already_pulls_the_values() -> None:
@@ -300,8 +312,8 @@ def test_a_resent_bare_push_counted_already_pulls_the_values() -> None:
     again.push(2, gradient(2), 0.0, bare_params=True)
     again.tick(TIMEOUT)
     again.handle(0, error(ErrorCode.DUPLICATE, 2), TIMEOUT + 1)
-    with pytest.raises(PeerError, match="did not ask for"):
-        again.handle(0, bare(0, 3), TIMEOUT + 2)
+    assert again.handle(0, bare(0, 3), TIMEOUT + 2)  # not what it asked for: asked again
+    assert again.bad_replies == {"unusable": 1}
 
 
 def test_a_bare_push_that_catches_up_owes_nothing() -> None:
@@ -413,7 +425,7 @@ def test_pull_owed_refused_as_stale_at_its_own_round_is_a_refusal() -> None:
     core = make_core()
     core.pull_owed(owing(3, (0, 1)), 1.0)
     with pytest.raises(ServerRefused, match="stale-round"):
-        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.5)
+        until_given_up(core, 0, error(ErrorCode.STALE_ROUND, 3), 1.5)
 
 
 # --------------------------------------------------------------------------- timeouts
@@ -479,12 +491,16 @@ def test_a_re_push_nobody_answers_is_left_behind_on_a_new_connection() -> None:
                                             (0, False, Pull(round=3, worker=WORKER))]
 
 
-def test_a_repeat_refusal_of_a_push_sent_once_is_a_refusal() -> None:
+def test_a_repeat_refusal_of_a_push_sent_once_costs_an_attempt() -> None:
+    """A Byzantine server (or a proxy) may say ``duplicate`` to a first push: resent on
+    a new connection; a resent push answered so was counted the first time."""
     core = make_core()
     core.push(2, gradient(2), 0.0)
-    with pytest.raises(ServerRefused, match="duplicate") as raised:
-        core.handle(0, error(ErrorCode.DUPLICATE, 2), 1.0)
-    assert raised.value.code == ErrorCode.DUPLICATE.value
+    sends = core.handle(0, error(ErrorCode.DUPLICATE, 2), 1.0)
+    assert sends[0].reopen and core.bad_replies == {"duplicate": 1}
+    # counted the first time: its reply was lost, so the next round's values are pulled
+    assert sent(core.handle(0, error(ErrorCode.DUPLICATE, 2), 1.0)) == [
+        (0, False, Pull(round=3, worker=WORKER))]
 
 
 # --------------------------------------------------------------------------- dropped connections
@@ -538,8 +554,13 @@ def test_hello_first_says_hello_again_and_repeats_the_request() -> None:
         assert sent(core.handle(0, error(ErrorCode.HELLO_FIRST), now)) == [
             (0, False, HELLO), (0, False, Pull(round=1, worker=WORKER))]
         assert core.next_deadline() == now + TIMEOUT  # the request's timeout starts again
+    answered = MAX_RESENDS
     with pytest.raises(ServerRefused, match="hello-first"):
-        core.handle(0, error(ErrorCode.HELLO_FIRST), 20.0)
+        for _ in range(100):
+            answered += 1
+            core.handle(0, error(ErrorCode.HELLO_FIRST), 20.0)
+    # each attempt says HELLO again MAX_RESENDS times; the last refusal of each costs it
+    assert answered == (MAX_RESENDS + 1) * (RETRIES + 1)
 
 
 def test_the_welcomes_to_hellos_said_again_are_skipped() -> None:
@@ -547,8 +568,8 @@ def test_the_welcomes_to_hellos_said_again_are_skipped() -> None:
     core.pull(1, 0.0)
     core.handle(0, error(ErrorCode.HELLO_FIRST), 1.0)
     assert core.handle(0, reply(welcome(0)), 1.0) == []
-    with pytest.raises(PeerError, match="expected Params, got Welcome"):
-        core.handle(0, reply(welcome(0)), 1.0)  # not one more
+    sends = core.handle(0, reply(welcome(0)), 1.0)  # not one more: unusable, asked again
+    assert sends[0].reopen and core.bad_replies == {"unusable": 1}
 
 
 def test_a_server_behind_the_worker_gets_the_rounds_it_lacks_replayed() -> None:
@@ -593,14 +614,14 @@ def test_wrong_round_ahead_of_the_worker_is_a_refusal() -> None:
     core = make_core()
     core.push(2, gradient(2), 0.0)
     with pytest.raises(ServerRefused, match="wrong-round"):
-        core.handle(0, error(ErrorCode.WRONG_ROUND, 3), 1.0)
+        until_given_up(core, 0, error(ErrorCode.WRONG_ROUND, 3), 1.0)
 
 
 def test_a_configuration_mismatch_is_a_configuration_error() -> None:
-    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS)
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS, RetryPolicy(TIMEOUT, RETRIES))
     core.hello(0.0)
     with pytest.raises(ConfigError, match="tcp://s0:1 refused: no"):
-        core.handle(0, error(ErrorCode.CONFIG_MISMATCH), 0.0)
+        until_given_up(core, 0, error(ErrorCode.CONFIG_MISMATCH), 0.0)
 
 
 # --------------------------------------------------------------------------- catching up
@@ -636,7 +657,7 @@ def test_catching_up_refused_at_an_older_round_is_a_refusal() -> None:
     core = make_core()
     core.catch_up(3, 0.0)
     with pytest.raises(ServerRefused, match="stale-round"):
-        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+        until_given_up(core, 0, error(ErrorCode.STALE_ROUND, 3), 1.0)
 
 
 def test_a_reader_refused_stale_round_is_told() -> None:
@@ -644,7 +665,7 @@ def test_a_reader_refused_stale_round_is_told() -> None:
     core = make_core()
     core.pull(1, 0.0)
     with pytest.raises(ServerRefused) as raised:
-        core.handle(0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+        until_given_up(core, 0, error(ErrorCode.STALE_ROUND, 3), 1.0)
     assert (raised.value.code, raised.value.round) == (ErrorCode.STALE_ROUND.value, 3)
 
 
@@ -704,3 +725,19 @@ def test_a_request_that_gives_up_while_handshakes_fail_names_the_handshake() -> 
         core.connection(0, [Connection.SUCCEEDED, Connection.CLOSED], now)  # grace again
     with pytest.raises(PeerError, match="security handshake with tcp://s0:1 failed"):
         core.tick(now + TIMEOUT)
+
+
+@pytest.mark.parametrize("bad", [ProtocolError("garbage"), reply(Ack(round=1, worker=WORKER)),
+                                 error(ErrorCode.INTERNAL), error(ErrorCode.BUSY)],
+                         ids=["malformed", "wrong-kind", "internal", "busy"])
+def test_an_unusable_reply_costs_one_attempt_and_the_run_goes_on(bad) -> None:
+    """Issue 35: a Byzantine server or proxy may answer with garbage or an ERROR when it
+    likes; the worker counts it, resends on a new connection, and goes on."""
+    core = make_core()
+    core.pull(1, 1.0)
+    core.handle(1, params(1, 1), 1.0)
+    sends = core.handle(0, bad, 1.0)
+    assert sends[0].reopen and sent(sends)[-1] == (0, False, Pull(round=1, worker=WORKER))
+    assert sum(core.bad_replies.values()) == 1
+    core.handle(0, params(0, 1), 1.5)
+    np.testing.assert_array_equal(core.outcome, x_of(1))  # the pull's outcome: x^1
