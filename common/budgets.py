@@ -38,10 +38,10 @@ EXCERPT_CHARS = 200
 
 def principal_of(incoming: Incoming) -> Hashable:
     """Whom a message's budgets are charged to: its key, or, without keys, its
-    connection. A proxy's key is one principal whatever envelope its messages name: the
-    holder of the key picks the envelope frames, and the proxy refuses what its workers
-    send wrong before relaying it (``ps/proxy/core.py``), so refusals at the server are
-    the proxy's own."""
+    connection. A proxy's key is one principal whatever envelope its messages name (the
+    holder of the key picks the envelope frames); the server charges the sessions of
+    workers whose HELLO through it carried their own end-to-end tag to (proxy, worker)
+    instead (``ServerCore._principal``)."""
     identity = incoming.identity
     if identity is None:
         return bytes(incoming.envelope[0]) if incoming.envelope else b""
@@ -50,6 +50,8 @@ def principal_of(incoming: Incoming) -> Hashable:
 
 def principal_name(principal: Hashable) -> str:
     """A principal as a log line names it."""
+    if isinstance(principal, tuple):
+        return f"{principal[0]} (relaying worker {principal[1]})"
     if isinstance(principal, bytes):
         return f"connection {principal[:8].hex()}"
     return str(principal)

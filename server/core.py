@@ -146,6 +146,12 @@ class ServerCore:
         self.finished_at: float | None = None
         self.quorum = options.rows_needed(cfg)
         self.round_deadline = options.deadline()  # None: every round waits for all n
+        # the pushes a round has from honest workers at least (n - q), and when the current
+        # round reached them: the adaptive deadline's measure (server/deadline.py)
+        self.honest_rows = max(1, cfg.num_workers - cfg.q)
+        self.honest_at: float | None = None
+        self.arrived: set[int] = set()  # workers that said HELLO, and when the last first did
+        self.last_arrival = float("-inf")
         self.round_opened: float | None = None  # when the current round's first push came
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
         self.absent = np.zeros(cfg.num_workers, dtype=bool)
@@ -220,7 +226,10 @@ class ServerCore:
         """When the current round may close without all n pushes (None: it may not)."""
         if self.round_deadline is None or self.round_opened is None or self.state.finished:
             return None
-        return self.round_opened + self.round_deadline.seconds()
+        start = self.round_opened
+        if self.round_deadline.learning:  # workers still starting keep the round open
+            start = max(start, self.last_arrival)
+        return start + self.round_deadline.seconds()
 
     def _closing(self, now: float) -> str | None:
         """Why the round may close now: ``all`` n pushes are in; every ``present`` worker
@@ -252,7 +261,7 @@ class ServerCore:
         if self.peers.drops(identity):
             return []
         envelope = incoming.envelope
-        principal = principal_of(incoming)
+        principal = self._principal(incoming)
         if incoming.message is None:
             code = incoming.error.code if incoming.error else ErrorCode.MALFORMED
             if code is ErrorCode.TOO_LARGE and identity is not None:
@@ -274,6 +283,19 @@ class ServerCore:
                 log.exception("internal error handling %s", type(header).__name__)
             return self._refuse(principal, envelope, ErrorCode.INTERNAL,
                                 f"{type(exc).__name__}: {exc}", now, logged=True)
+
+    def _principal(self, incoming: Incoming) -> Hashable:
+        """Whom ``incoming``'s budgets are charged to (``common.budgets.principal_of``): a
+        proxy's key, but, for a worker whose HELLO through it carried the worker's own
+        tag (its session), (the proxy, that worker): one worker behind a proxy cannot
+        spend the others' answers, and envelopes the key holder makes up share one."""
+        principal = principal_of(incoming)
+        identity = incoming.identity
+        if identity is not None and identity.role == "proxy" and len(incoming.envelope) > 1:
+            session = self.sessions.get(incoming.peer)
+            if session is not None and session.relayed and session.role == "worker":
+                return (identity.name, session.worker)
+        return principal
 
     def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, text: str,
                 now: float, logged: bool = False) -> list[Reply]:
@@ -342,6 +364,9 @@ class ServerCore:
             self._forget(gone)
         if hello.role == "worker":
             self.absent[hello.worker] = False
+            if hello.worker not in self.arrived:
+                self.arrived.add(hello.worker)
+                self.last_arrival = max(self.last_arrival, now)
         held = self.peers.loggable("hello", principal, now)
         if held is not None:
             log.info("hello from %s %d%s", hello.role, hello.worker,
@@ -390,6 +415,8 @@ class ServerCore:
         self.state.push(push.round, push.worker, message)
         if self.round_opened is None:
             self.round_opened = now
+        if self.honest_at is None and self.state.pushes >= self.honest_rows:
+            self.honest_at = now
         replies = []
         if push.pull_next:  # answered by PARAMS(round + 1)
             self._park(envelope, peer, push.round + 1, bare=push.bare_params)
@@ -445,9 +472,10 @@ class ServerCore:
         """
         stepped = self.state.step()
         m = stepped[-1][1]  # the participation is every hosted shard's
-        if self.round_deadline is not None and self.round_opened is not None:
-            self.round_deadline.observe(now - self.round_opened, closing)
-        self.round_opened = None
+        if (self.round_deadline is not None and self.round_opened is not None
+                and self.honest_at is not None):
+            self.round_deadline.observe(self.honest_at - self.round_opened)
+        self.round_opened = self.honest_at = None
         if m.missing:
             newly = [w for w in m.missing if not self.absent[w]]
             self.absent[m.missing] = True

@@ -2,12 +2,17 @@
 
 ``--round-timeout`` takes three forms:
 
-* ``auto`` (the default): a deadline that a healthy run never reaches, so that a worker
-  that stops answering (a Byzantine one may) costs one deadline instead of the run:
-  ``AUTO_FACTOR`` times the median span (first push to close) of the last
-  ``AUTO_HISTORY`` rounds that closed with every present worker, at least
-  ``AUTO_FLOOR_S``; ``AUTO_FIRST_S`` until such a round closed (the first rounds include
-  the workers' start, which may differ by seconds between hosts);
+* ``auto`` (the default): a deadline that a healthy run does not reach, so that a
+  worker that stops answering (a Byzantine one may) costs one deadline instead of the
+  run: ``AUTO_FACTOR`` times the median *honest span* of the last ``AUTO_HISTORY``
+  rounds, at least ``AUTO_FLOOR_S`` and at most ``AUTO_MAX_S``. A round's honest span
+  runs from its first push to its (n - q)-th: the q Byzantine workers the run
+  tolerates cannot stretch it by pushing late (a span to the last push would let one
+  worker that pushes just before each deadline grow it tenfold a round). Until a round
+  has reached n - q pushes the wait is ``AUTO_FIRST_S``, counted from the round's first
+  push or the latest first HELLO of a worker, whichever is later: workers still
+  starting (seconds apart on a loaded host, minutes where a node pulls an image) keep
+  the first round open;
 * SECONDS: a fixed deadline, counted from the round's first push;
 * ``none``: every round waits for all n pushes, the paper's strictly synchronous SGD
   (Xie et al. 2018, Algorithm 1).
@@ -29,6 +34,7 @@ NONE = "none"
 AUTO_FACTOR = 10.0
 AUTO_FLOOR_S = 5.0
 AUTO_FIRST_S = 30.0
+AUTO_MAX_S = 600.0
 AUTO_HISTORY = 16
 
 
@@ -63,17 +69,20 @@ class RoundDeadline:
     def adaptive(self) -> bool:
         return self.fixed_s is None
 
+    @property
+    def learning(self) -> bool:
+        """Adaptive, and no round has told it yet how long a healthy one takes."""
+        return self.fixed_s is None and not self.spans
+
     def seconds(self) -> float:
-        """The wait allowed now, from the round's first push."""
+        """The wait allowed now (from the round's first push; while ``learning``, from
+        the later of that and the latest first HELLO of a worker)."""
         if self.fixed_s is not None:
             return self.fixed_s
         if not self.spans:
             return AUTO_FIRST_S
-        return max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(self.spans))
+        return min(AUTO_MAX_S, max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(self.spans)))
 
-    def observe(self, span_s: float, closing: str) -> None:
-        """A round closed ``span_s`` after its first push, for reason ``closing``
-        (``all``, ``present`` or ``deadline``; a round closed at its deadline says
-        nothing of how long a healthy round takes)."""
-        if closing != "deadline":
-            self.spans.append(max(0.0, span_s))
+    def observe(self, honest_span_s: float) -> None:
+        """A round reached its (n - q)-th push ``honest_span_s`` after its first."""
+        self.spans.append(max(0.0, honest_span_s))

@@ -63,7 +63,9 @@ class ServerOptions:
     round_timeout: str = setting(
         AUTO, "How long a round waits for missing pushes after its first one, then closes "
         "with those in if at least --quorum: auto (the default: 10 times the median of "
-        "recent rounds, at least 5 s, 30 s until a round closed; a healthy run never "
+        "recent rounds (first push to the (n-q)-th), at least 5 s, at most 600 s; 30 s "
+        "after the first push or a worker's first HELLO until a round reached n - q; a "
+        "healthy run does not "
         "reaches it, a worker that stops answering costs one deadline), SECONDS, or none "
         "(wait for all n, the paper's strictly synchronous SGD).",
         flag="--round-timeout", roles=(SERVER, CLUSTER))

@@ -172,6 +172,10 @@ class Sessions:
         """The peers with a session of ``session``'s principal, oldest first."""
         return list(self._by_principal.get(session.principal, ()))
 
+    def get(self, peer: Peer) -> Session | None:
+        """``peer``'s session, if it has one (its recent use not marked)."""
+        return self._by_peer.get(peer)
+
     def require(self, peer: Peer) -> Session:
         """``peer``'s session (marked as recently used); HELLO_FIRST if it has none."""
         session = self._by_peer.get(peer)

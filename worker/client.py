@@ -24,7 +24,6 @@ With keys each link is a CURVE client that checks the server's key.
 
 from __future__ import annotations
 
-import functools
 import logging
 import resource
 import time
@@ -137,6 +136,18 @@ class Link:
         self.socket.close(linger=0)
 
 
+def relay_keys(keys: KeyRing | None, role: str, worker: int, via_proxy: Collection[int],
+               ) -> Callable[[int], bytes | None] | None:
+    """What a worker tags its messages to server process s with: the key it shares with
+    that server end to end where a proxy relays them (``via_proxy``), else nothing (its
+    own CURVE connection says who speaks); None without keys or for the evaluator."""
+    if keys is None or role != "worker":
+        return None
+    ring = keys
+    return lambda server: (ring.worker_relay_key(worker, server) if server in via_proxy
+                           else None)
+
+
 class ClusterClient:
     """Talks to the server processes of one run on behalf of a worker or evaluator:
     ``servers`` as ``ClientCore`` takes them (each link's key is its process's,
@@ -157,10 +168,8 @@ class ClusterClient:
         via_proxy: Collection[int] = (),
         d: int | None = None,
     ) -> None:
-        auth = (functools.partial(keys.worker_relay_key, worker)
-                if keys is not None and role == "worker" else None)
         self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors,
-                               auth)
+                               relay_keys(keys, role, worker, via_proxy))
         self.ctx = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
         self.links = [Link(self.ctx, link.endpoint,

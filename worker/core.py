@@ -205,9 +205,10 @@ class _Link:
     failing_since: float | None = None
     connected: bool = False  # a handshake succeeded on the current connection
     dropped: bool = False  # a connection that had got through was lost since
-    # the key this worker shares with the server process end to end (None: no keys), and
-    # this connection's session nonce: its HELLO and push headers carry their tags, so a
-    # proxy on the way carries only what the worker sent (common/relay_auth.py)
+    # the key this worker shares with the server process end to end (None: no proxy in
+    # between, or no keys), and the nonce this process drew for its sessions there: its
+    # HELLO and push headers carry their tags, so the proxy on the way carries only what
+    # the worker sent (common/relay_auth.py)
     auth: bytes | None = None
     nonce: str = ""
     hello: list[bytes] = field(default_factory=list)
@@ -246,11 +247,12 @@ class ClientCore:
                  servers: list[str] | list[tuple[ShardSet, str]],
                  policy: RetryPolicy | None = None, replay_rounds: int = 0,
                  vectors: HostBuffers | None = None,
-                 auth: Callable[[int], bytes] | None = None) -> None:
+                 auth: Callable[[int], bytes | None] | None = None) -> None:
         """``vectors``: where the parameters a server process sends are received (reused
         host vectors of d values, shared by the workers of a process), else new arrays.
         ``auth``: the key a worker shares with server process s (its first shard), to
-        tag its HELLOs and push headers end to end (None: no keys in use)."""
+        tag its HELLOs and push headers end to end where a proxy relays them (None, or
+        None for s: untagged; a direct connection's CURVE key says who speaks)."""
         self.cfg = cfg
         self.vectors = vectors
         self.worker = worker
@@ -261,10 +263,11 @@ class ClientCore:
         for link in self.links:
             hello = Hello(role=role, worker=worker, config_hash=cfg.config_hash,
                           config=cfg.to_dict())
-            if auth is not None and role == "worker":
-                link.auth, link.nonce = auth(link.shards[0]), new_nonce()
+            key = auth(link.shards[0]) if auth is not None and role == "worker" else None
+            if key is not None:
+                link.auth, link.nonce = key, new_nonce()
                 hello = replace(hello, nonce=link.nonce, tag=hello_tag(
-                    link.auth, cfg.config_hash, worker, link.shards[0], link.nonce))
+                    key, cfg.config_hash, worker, link.shards[0], link.nonce))
             link.hello = encode(hello)
         self.pending: set[int] = set()
         self.bad_replies: Counter[str] = Counter()  # unusable replies survived, by kind

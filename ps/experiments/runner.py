@@ -75,16 +75,21 @@ def run_cluster_cell(cell: Cell, out: Path, data_dir: Path | None, eval_every: i
     ``OUT/cluster/<key>``); the same record as :func:`run_cell`."""
     from ps.launcher.cluster import Cluster, ClusterSpec
     from ps.launcher.options import ClusterOptions
+    from server.deadline import NONE
+    from server.options import ServerOptions
     from worker.options import ClientOptions, EvalOptions
 
     cfg, attack = cell.configs()
     run_dir = out / CLUSTER_DIR / cell.key
     if run_dir.exists():  # an interrupted run of this cell: start it afresh
         shutil.rmtree(run_dir)
+    # the paper's strictly synchronous SGD: every round waits for all n workers (a cell
+    # is a claim about the rule, not about who was slow), and a lost worker fails it
     spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=run_dir,
                        client=ClientOptions(data_dir=data_dir),
                        evaluation=EvalOptions(eval_every=eval_every, eval_samples=eval_samples),
                        cluster=ClusterOptions(max_restarts=0),
+                       server=ServerOptions(round_timeout=NONE),
                        process=ProcessOptions(out_dir=run_dir, torch_threads=1))
     result = Cluster(spec).run()
     points = [{k: e[k] for k in ("round", "top1", "top3", "loss")} for e in result.evaluations]

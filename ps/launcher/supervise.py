@@ -24,7 +24,7 @@ from typing import Any
 from common.errors import EXIT_CONFIG, EXIT_PEER, EXIT_TIMEOUT, ClusterTimeout, PSError
 from common.process import check_stop
 from ps.launcher.options import ClusterOptions
-from ps.launcher.processes import STOP_GRACE_S, ManagedProcess
+from ps.launcher.processes import ManagedProcess
 
 log = logging.getLogger("ps.cluster")
 
@@ -133,7 +133,8 @@ class Supervisor:
     def stop_stragglers(self, now: float) -> None:
         """Once every server process finished, stop the worker processes still running
         ``AFTER_END_GRACE_S`` later (SIGTERM, and SIGCONT so that a stopped one gets
-        it; SIGKILL ``STOP_GRACE_S`` after that): the run's result is the servers'."""
+        it; the cluster's ``stop_all`` SIGKILLs what is left once :meth:`watch` returns):
+        the run's result is the servers'."""
         if not self.servers_finished():
             return
         if self.servers_done_at is None:
@@ -150,8 +151,6 @@ class Supervisor:
                             "run; stopping it", p.name, waited)
                 p.signal(signal.SIGTERM)
                 p.signal(signal.SIGCONT)
-            elif waited >= AFTER_END_GRACE_S + STOP_GRACE_S:
-                p.signal(signal.SIGKILL)
 
     def restart(self, index: int, code: int) -> None:
         """Start process ``index`` again (it exited with ``code``)."""

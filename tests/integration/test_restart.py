@@ -30,7 +30,8 @@ def _server(processes, tmp_path: Path, shard: int, bind: str, *extra: str):
     ready.unlink(missing_ok=True)
     proc = processes.start(f"server-{shard}", "server.cli", [
         "--shard", str(shard), "--bind", bind, "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", *keys, *extra, *to_argv(CFG, SERVER)])
+        "--out-dir", str(tmp_path), "--linger", "0", "--round-timeout", "none", *keys, *extra,
+        *to_argv(CFG, SERVER)])
     return proc, processes.endpoint(ready, proc)
 
 

@@ -167,3 +167,40 @@ def test_a_worker_tags_what_it_sends_through_keys(ring) -> None:
     assert message.header.pull_next  # answered with PARAMS(1) once the round closes
     assert server.handle(_relayed(message.header, message.tensor()), 1.0) == []
     assert server.state.counted(0, 3)
+
+
+def test_refusals_through_a_proxy_are_budgeted_per_verified_worker_else_per_key(ring) -> None:
+    """One worker behind a proxy, or envelopes the key holder makes up, cannot spend the
+    answers another verified worker behind it needs."""
+    from common.budgets import REFUSAL_BURST
+
+    core = _core(ring)
+    for w, route in ((1, b"route-1"), (2, b"route-2")):
+        assert isinstance(only(core.handle(_relayed(_hello(ring, w), route=route), 0.0)).header,
+                          Welcome)
+    untagged = Push(round=0, worker=1, length=5)
+    answered = sum(len(core.handle(_relayed(untagged, grad(1), route=b"route-1"), 0.0))
+                   for _ in range(int(REFUSAL_BURST) + 50))
+    assert answered == int(REFUSAL_BURST)  # worker 1's budget, spent
+    made_up = Hello(role="worker", worker=3, config_hash=CFG5.config_hash)
+    answered = sum(len(core.handle(_relayed(made_up, route=b"made-up-%d" % i), 0.0))
+                   for i in range(int(REFUSAL_BURST) + 50))
+    assert answered == int(REFUSAL_BURST)  # the proxy key's own budget, spent
+    reply = only(core.handle(_relayed(Push(round=0, worker=2, length=5), grad(2),
+                                      route=b"route-2"), 0.0)).header
+    assert reply.code == "forbidden"  # worker 2 is still answered
+
+
+def test_a_worker_tags_only_what_a_proxy_relays(ring) -> None:
+    """A direct link's CURVE key says who speaks: its messages stay untagged (and older
+    protocol-3 servers read them); the link through a proxy is tagged."""
+    from worker.client import relay_keys
+    from worker.core import ClientCore
+
+    keys = relay_keys(ring, "worker", 3, via_proxy=(0,))
+    assert keys is not None and keys(1) is None and keys(0) == ring.worker_relay_key(3, 0)
+    assert relay_keys(None, "worker", 3, (0,)) is None
+    assert relay_keys(ring, "evaluator", -1, (0,)) is None
+    client = ClientCore(CFG5, "worker", 3, ["tcp://a:1", "tcp://b:1"], auth=keys)
+    through_proxy, direct = (decode(send.frames).header for send in client.hello(0.0))
+    assert through_proxy.tag and not direct.tag and not direct.nonce

@@ -13,9 +13,9 @@ from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.protocol import Ack
 from ps.launcher.cluster import ClusterSpec
-from server.deadline import AUTO_FIRST_S, AUTO_FLOOR_S, RoundDeadline
+from server.deadline import AUTO_FIRST_S, AUTO_FLOOR_S, AUTO_HISTORY, AUTO_MAX_S, RoundDeadline
 from server.options import ServerOptions, default_quorum
-from tests.unit.test_server_core import CFG5, make_core, only, push
+from tests.unit.test_server_core import CFG5, hello, make_core, only, push
 
 CFG7 = RunConfig(dataset="synthetic", num_workers=7, num_shards=2, rule="marmed", q=2,
                  lr=0.5, rounds=40).validate()
@@ -39,17 +39,57 @@ def test_an_unreadable_round_timeout_is_a_configuration_error(text) -> None:
         ServerOptions(round_timeout=text).check(CFG5)
 
 
-def test_the_adaptive_deadline_is_a_multiple_of_recent_rounds_with_a_floor() -> None:
+def test_the_adaptive_deadline_is_a_multiple_of_recent_rounds_with_a_floor_and_a_cap(
+        ) -> None:
     deadline = RoundDeadline()
-    assert deadline.seconds() == AUTO_FIRST_S  # no healthy round yet: the workers' start
+    assert deadline.learning and deadline.seconds() == AUTO_FIRST_S  # the workers' start
     for span in (0.01, 0.02, 0.03):
-        deadline.observe(span, "all")
+        deadline.observe(span)
+    assert not deadline.learning
     assert deadline.seconds() == AUTO_FLOOR_S  # 10 x 0.02 s is under the floor
     for span in (2.0, 2.0, 2.0, 2.0):
-        deadline.observe(span, "present")
+        deadline.observe(span)
     assert deadline.seconds() == pytest.approx(20.0)  # 10 x the median (2.0)
-    deadline.observe(1000.0, "deadline")  # a round closed at its deadline is not a sample
-    assert deadline.seconds() == pytest.approx(20.0)
+    for _ in range(AUTO_HISTORY):
+        deadline.observe(1e6)
+    assert deadline.seconds() == AUTO_MAX_S
+
+
+def test_q_workers_pushing_late_cannot_grow_the_deadline() -> None:
+    """A Byzantine worker that pushes just before each deadline: the span is measured to
+    the (n - q)-th push, so each round's sample is the honest workers' (before, a span
+    to the last push grew the deadline tenfold a round: 5 s, 25, 50, 500, ... 4e5 s)."""
+    core = make_core(cfg=CFG7)  # n=7, q=2: the honest span ends at the 5th push
+    now = 0.0
+    for round_ in range(30):
+        first = now
+        for w in range(5):
+            now = first + 0.01 * (w + 1)
+            push(core, w, now=now)
+        late = core.deadline()
+        assert late is not None
+        push(core, 5, now=late - 0.001)
+        push(core, 6, now=late - 0.001)
+        assert core.state.round == round_ + 1
+        now = late + 1.0
+    assert core.round_deadline.seconds() == AUTO_FLOOR_S  # 10 x 0.04 s: the floor
+
+
+def test_the_first_round_waits_for_workers_still_starting() -> None:
+    """Until a round told how long one takes, a worker's first HELLO restarts the wait:
+    workers seconds or minutes apart at the start are all in round 0."""
+    core = make_core(cfg=CFG5)
+    push(core, 0, now=0.0)  # (says HELLO at 0)
+    assert core.deadline() == pytest.approx(AUTO_FIRST_S)
+    hello(core, role="worker", worker=1, peer=b"worker-1")
+    core.tick(AUTO_FIRST_S - 1)
+    greet_at(core, 2, AUTO_FIRST_S - 1)  # a late starter
+    assert core.deadline() == pytest.approx(2 * AUTO_FIRST_S - 1)
+    core.tick(2 * AUTO_FIRST_S - 2)
+    assert core.state.round == 0
+    for w in range(1, 5):
+        push(core, w, now=2 * AUTO_FIRST_S - 1.5)
+    assert core.state.round == 1 and not core.absent.any()
 
 
 def test_the_default_quorum_is_n_minus_q_or_the_fewest_rows_the_rule_takes() -> None:
@@ -92,18 +132,24 @@ def test_a_silent_worker_costs_one_default_deadline_then_rounds_run_at_full_rate
 
 
 def test_a_healthy_run_under_the_default_deadline_equals_one_without() -> None:
-    """Workers seconds apart (a slow first round, then 1 s between the first and last
-    push) close every round with all n, as ``--round-timeout none`` does."""
+    """Workers seconds apart (a slow first round, quick rounds, then a straggler 4 s
+    behind: under the floor) close every round with all n, as ``--round-timeout none``
+    does."""
     cores = [make_core(cfg=CFG5), make_core(cfg=CFG5, round_timeout="none")]
     for core in cores:
         now = 0.0
         for round_ in range(4):
-            spread = 20.0 if round_ == 0 else 1.0  # the first round: the workers' start
+            # when each worker pushes, after the round's first push: the workers' start
+            # in round 0, a straggler 4.9 s behind (under the 5 s floor) in round 3
+            offsets = {0: [0, 5, 10, 15, 20], 3: [0, 0.01, 0.02, 0.03, 4.9]}.get(
+                round_, [0, 0.01, 0.02, 0.03, 0.04])
+            first = now
             for w in range(5):
+                now = first + offsets[w]
                 core.tick(now)
                 ack = push(core, w, now=now)
-                assert only(ack).header in (Ack(round=round_, worker=w),), ack
-                now += spread / 4
+                assert only(ack).header == Ack(round=round_, worker=w), ack
+            now += 1.0
         assert core.state.round == 4 and not core.absent.any()
     np.testing.assert_array_equal(cores[0].state.states[0].params,
                                   cores[1].state.states[0].params)
@@ -116,3 +162,12 @@ def test_a_proxy_attack_that_holds_rounds_turns_the_default_deadline_off() -> No
     assert spec.server.deadline() is None
     plain = ClusterSpec(cfg=cfg, attack=AttackConfig().validate(cfg), out_dir=Path("unused"))
     assert plain.server.deadline() is not None and plain.server.deadline().adaptive
+
+
+def greet_at(core, worker: int, now: float) -> None:
+    """Worker ``worker``'s first HELLO, at ``now``."""
+    from common.protocol import Hello
+    from tests.unit.test_server_core import message
+
+    core.handle(message(Hello(role="worker", worker=worker, config_hash=CFG5.config_hash),
+                        peer=f"worker-{worker}".encode()), now)
