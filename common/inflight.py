@@ -27,7 +27,14 @@ guard watches each accepted connection from outside:
 * a connection that delivered nothing for ``idle_cut_s`` is cut (honest clients say
   HELLO at once; the admission counts such a connection only that long), and one that
   would give its key more than ``max_connections`` attributed connections is cut when
-  its first message names the key.
+  its first message names the key;
+* *bare* connections, which have delivered nothing yet (no key is known before the
+  CURVE handshake, so the admission's budgets cannot apply), are bounded by source
+  address (``MAX_BARE_PER_SOURCE``: a new one beyond is cut at once) and in all
+  (``MAX_BARE``: the oldest is cut), and scanned only every ``BARE_SCAN_EVERY``-th
+  interval: a flood of connections that never start a handshake costs the guard little
+  and crowds out no one for long (an honest client's connection delivers its HELLO
+  within milliseconds).
 
 The guard runs in a thread of its own and costs about 4 µs per connection and scan.
 Without ``TCP_INFO`` (another OS, or an ``ipc://`` endpoint) it only keeps the count of
@@ -71,6 +78,11 @@ CURVE_HANDSHAKE_MIN = 512
 # What libzmq reads ahead of the message it decodes (its input batch) and the frame
 # being decoded.
 READ_AHEAD_BYTES = 64 * 1024
+# Connections that have delivered nothing yet: at most this many from one source address
+# (a new one beyond is cut), and in all (the oldest is cut), scanned every few intervals.
+MAX_BARE_PER_SOURCE = 64
+MAX_BARE = 512
+BARE_SCAN_EVERY = 5
 _TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in struct tcp_info (Linux)
 _TCP_INFO_LENGTH = _TCP_INFO_BYTES_RECEIVED + 8
 
@@ -109,6 +121,7 @@ def tcp_info_available(endpoint: str) -> bool:
 class _Connection:
     fd: int
     accepted: float
+    source: str = ""  # the peer's address (for bare connections: their bound)
     identity: Identity | None = None
     ambiguous: bool = False  # its messages named two keys: never attributed
     delivered: int = 0  # wire bytes of the messages delivered to the node
@@ -137,7 +150,12 @@ class InflightGuard:
         self.interval_s = interval_s
         self.idle_cut_s = idle_cut_s
         self.cuts = 0
+        self.bare_cuts = 0
         self._connections: dict[int, _Connection] = {}  # by socket inode
+        # the bare connections (guard thread only): by source, and all of them oldest first
+        self._bare_by_source: dict[str, set[int]] = {}
+        self._bare: dict[int, None] = {}
+        self._scans = 0
         self._stop = threading.Event()
         self._throttle = LogThrottle()
         self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED)
@@ -210,10 +228,54 @@ class InflightGuard:
             fd = int(recv_monitor_message(self._monitor)["value"])
             inode = _inode(fd)
             if inode >= 0:
-                self._connections.setdefault(inode, _Connection(fd, time.monotonic()))
+                conn = self._connections.setdefault(
+                    inode, _Connection(fd, time.monotonic(), _source(fd)))
+                if not conn.delivered:
+                    self._bound_bare(inode, conn)
+
+    def _bound_bare(self, inode: int, conn: _Connection) -> None:
+        """A new connection that has delivered nothing: cut it if its source holds
+        ``MAX_BARE_PER_SOURCE`` such already, else count it and cut the oldest beyond
+        ``MAX_BARE``."""
+        same = self._bare_by_source.setdefault(conn.source, set())
+        if len(same) >= MAX_BARE_PER_SOURCE:
+            self._cut_bare(inode, conn, f"{conn.source} holds {MAX_BARE_PER_SOURCE} "
+                           "connections that have not completed a handshake")
+            return
+        same.add(inode)
+        self._bare[inode] = None
+        while len(self._bare) > MAX_BARE:
+            oldest = next(iter(self._bare))
+            old = self._connections.get(oldest)
+            self._forget_bare(oldest, old)
+            if old is not None and not old.delivered:
+                self._cut_bare(oldest, old, f"more than {MAX_BARE} connections have not "
+                               "completed a handshake; cut the oldest")
+
+    def _cut_bare(self, inode: int, conn: _Connection, why: str) -> None:
+        if self._cut(inode, conn):
+            self.bare_cuts += 1
+            if self._throttle.admit("bare", time.monotonic()) is not None:
+                self.on_offence(None, why)
+
+    def _forget_bare(self, inode: int, conn: _Connection | None) -> None:
+        self._bare.pop(inode, None)
+        if conn is not None:
+            same = self._bare_by_source.get(conn.source)
+            if same is not None:
+                same.discard(inode)
+                if not same:
+                    del self._bare_by_source[conn.source]
 
     def _scan(self, now: float) -> None:
+        self._scans += 1
+        bare_too = self._scans % BARE_SCAN_EVERY == 0
         for inode, conn in list(self._connections.items()):
+            if inode in self._bare and (conn.delivered or conn.cut or bare_too):
+                if conn.delivered or conn.cut or _inode(conn.fd) != inode:
+                    self._forget_bare(inode, conn)
+            elif not bare_too and not conn.delivered:
+                continue  # bare: looked at every BARE_SCAN_EVERY-th scan
             if _inode(conn.fd) != inode:  # closed (and its descriptor maybe reused)
                 self._connections.pop(inode, None)
                 continue
@@ -280,6 +342,21 @@ def _bytes_read(fd: int) -> int:
     if len(info) < _TCP_INFO_LENGTH:
         return 0
     return struct.unpack_from("=Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
+
+
+def _source(fd: int) -> str:
+    """The address of the peer on ``fd`` ("" if it has none or is gone)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return ""
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return ""
+    finally:
+        sock.detach()
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 def _queued(fd: int) -> int:

@@ -4,6 +4,7 @@ the in-flight guard, bars, enforced ZAP, no routing-id takeover, a missing User-
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -264,3 +265,57 @@ def test_a_message_without_a_user_id_is_refused_not_raised(ctx) -> None:
         assert decode(encode(Status())).header == Status()
     finally:
         sock.close(0)
+
+
+def _bare(endpoint: str, source: str) -> socket.socket:
+    """A TCP connection from ``source`` that never starts a ZMTP or CURVE handshake."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.connect((host, int(port)))
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(0.01)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_bare_connections_are_bounded_per_source_and_in_all(ctx, ring, monkeypatch) -> None:
+    """Issue 35: connections that never start a handshake (no key is known, so no key's
+    budget applies): a source holding MAX_BARE_PER_SOURCE has its next ones cut at once;
+    beyond MAX_BARE in all the oldest go; and a keyed client still gets in."""
+    import common.inflight as inflight
+
+    monkeypatch.setattr(inflight, "MAX_BARE_PER_SOURCE", 5)
+    monkeypatch.setattr(inflight, "MAX_BARE", 8)
+    listener = Listener(ctx, "tcp://127.0.0.1:*", ring.server_curve(0, 2), LARGEST)
+    socks: list[socket.socket] = []
+    try:
+        first = [_bare(listener.endpoint, "127.0.0.1") for _ in range(5)]
+        socks += first
+        wait_for(lambda: len(listener.guard._bare) == 5, 10, "five bare connections counted")
+        extra = [_bare(listener.endpoint, "127.0.0.1") for _ in range(3)]
+        socks += extra
+        wait_for(lambda: all(_closed_by_peer(s) for s in extra), 10,
+                 "the sixth to eighth connections of one source cut")
+        assert not any(_closed_by_peer(s) for s in first)
+        others = [_bare(listener.endpoint, "127.0.0.2") for _ in range(5)]
+        socks += others
+        wait_for(lambda: all(_closed_by_peer(s) for s in first[:2]), 10, "the two oldest cut")
+        assert listener.guard.bare_cuts == 5
+        assert not any(_closed_by_peer(s) for s in first[2:] + others)
+        assert not any(_closed_by_peer(s) for s in others)
+        honest = client(ctx, ring, listener.endpoint)
+        honest.send_multipart(STATUS)
+        assert next_message(listener) is not None  # delivered: never bare for long
+        honest.close(0)
+    finally:
+        for sock in socks:
+            sock.close()
+        listener.close(0)
