@@ -30,8 +30,9 @@ guard watches each accepted connection from outside:
   its first message names the key;
 * *bare* connections, which have delivered nothing yet (no key is known before the
   CURVE handshake, so the admission's budgets cannot apply), are bounded by source
-  address (``MAX_BARE_PER_SOURCE``: a new one beyond is cut at once) and in all
-  (``MAX_BARE``: the oldest is cut), and scanned only every ``BARE_SCAN_EVERY``-th
+  address (``MAX_BARE_PER_SOURCE`` and two per client the node expects: a new one
+  beyond is cut at once) and in all (``MAX_BARE`` and four per client: the oldest is
+  cut), and scanned only every ``BARE_SCAN_EVERY``-th
   interval: a flood of connections that never start a handshake costs the guard little
   and crowds out no one for long (an honest client's connection delivers its HELLO
   within milliseconds).
@@ -79,7 +80,8 @@ CURVE_HANDSHAKE_MIN = 512
 # being decoded.
 READ_AHEAD_BYTES = 64 * 1024
 # Connections that have delivered nothing yet: at most this many from one source address
-# (a new one beyond is cut), and in all (the oldest is cut), scanned every few intervals.
+# (a new one beyond is cut), and in all (the oldest is cut), scanned every few intervals;
+# more where a node expects more honest clients at once (bare_bounds).
 MAX_BARE_PER_SOURCE = 64
 MAX_BARE = 512
 BARE_SCAN_EVERY = 5
@@ -117,6 +119,13 @@ def tcp_info_available(endpoint: str) -> bool:
         probe.close()
 
 
+def bare_bounds(clients: int) -> tuple[int, int]:
+    """(per source address, in all): the bounds on connections that have delivered
+    nothing, with room for ``clients`` honest ones starting at once, all from one host
+    (a local cluster) and twice over (each may reconnect while its old one lingers)."""
+    return MAX_BARE_PER_SOURCE + 2 * clients, MAX_BARE + 4 * clients
+
+
 @dataclass
 class _Connection:
     fd: int
@@ -137,7 +146,8 @@ class InflightGuard:
     def __init__(self, sock: zmq.Socket, *, limit: int, first_limit: int, curve: bool,
                  tcp_info: bool, on_offence: Offence, max_connections: int | None = None,
                  on_named: Callable[[Identity, float], None] | None = None,
-                 interval_s: float = INTERVAL_S, idle_cut_s: float = IDLE_CUT_S) -> None:
+                 interval_s: float = INTERVAL_S, idle_cut_s: float = IDLE_CUT_S,
+                 bare: tuple[int, int] | None = None) -> None:
         self.limit = limit
         self.first_limit = first_limit
         self.handshake_min = CURVE_HANDSHAKE_MIN if curve else 0
@@ -151,6 +161,7 @@ class InflightGuard:
         self.idle_cut_s = idle_cut_s
         self.cuts = 0
         self.bare_cuts = 0
+        self.max_bare_per_source, self.max_bare = bare or bare_bounds(0)
         self._connections: dict[int, _Connection] = {}  # by socket inode
         # the bare connections (guard thread only): by source, and all of them oldest first
         self._bare_by_source: dict[str, set[int]] = {}
@@ -235,22 +246,22 @@ class InflightGuard:
 
     def _bound_bare(self, inode: int, conn: _Connection) -> None:
         """A new connection that has delivered nothing: cut it if its source holds
-        ``MAX_BARE_PER_SOURCE`` such already, else count it and cut the oldest beyond
-        ``MAX_BARE``."""
+        ``max_bare_per_source`` such already, else count it and cut the oldest beyond
+        ``max_bare``."""
         same = self._bare_by_source.setdefault(conn.source, set())
-        if len(same) >= MAX_BARE_PER_SOURCE:
-            self._cut_bare(inode, conn, f"{conn.source} holds {MAX_BARE_PER_SOURCE} "
+        if len(same) >= self.max_bare_per_source:
+            self._cut_bare(inode, conn, f"{conn.source} holds {self.max_bare_per_source} "
                            "connections that have not completed a handshake")
             return
         same.add(inode)
         self._bare[inode] = None
-        while len(self._bare) > MAX_BARE:
+        while len(self._bare) > self.max_bare:
             oldest = next(iter(self._bare))
             old = self._connections.get(oldest)
             self._forget_bare(oldest, old)
             if old is not None and not old.delivered:
-                self._cut_bare(oldest, old, f"more than {MAX_BARE} connections have not "
-                               "completed a handshake; cut the oldest")
+                self._cut_bare(oldest, old, f"more than {self.max_bare} connections have "
+                               "not completed a handshake; cut the oldest")
 
     def _cut_bare(self, inode: int, conn: _Connection, why: str) -> None:
         if self._cut(inode, conn):

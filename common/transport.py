@@ -45,7 +45,13 @@ from zmq.utils import z85
 from common.admission import Admission
 from common.budgets import LogThrottle
 from common.errors import ConfigError
-from common.inflight import InflightGuard, hold_limit, tcp_info_available, wire_bytes
+from common.inflight import (
+    InflightGuard,
+    bare_bounds,
+    hold_limit,
+    tcp_info_available,
+    wire_bytes,
+)
 from common.keys import CurveClient, CurveServer, Identity
 from common.protocol import (
     CHUNK_BYTES,
@@ -397,10 +403,13 @@ class Listener:
     queued for a connection whose peer does not read them are bounded by ``SNDHWM``:
     ``SEND_HWM_MIN`` plus two per peer that may share the connection
     (``peers_per_connection``: n at a server, whose proxy relays all the workers).
+    ``clients``: the honest connections that may come at once (n workers, each with its
+    own connection, and a few more), which the bounds on connections before a handshake
+    leave room for, from one host (a local cluster) or in all (``inflight.bare_bounds``).
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveServer | None,
-                 largest: int, peers_per_connection: int = 1) -> None:
+                 largest: int, peers_per_connection: int = 1, clients: int = 0) -> None:
         self.admission = Admission(curve.clients) if curve is not None else None
         self.sock, self.endpoint = bind_router(ctx, endpoint, curve, self.admission)
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM_MIN + 2 * peers_per_connection)
@@ -412,7 +421,7 @@ class Listener:
             curve=curve is not None, tcp_info=tcp_info_available(self.endpoint),
             on_offence=self._offended,
             max_connections=self.admission.max_connections if self.admission else None,
-            on_named=self._named)
+            on_named=self._named, bare=bare_bounds(clients))
         if self.admission is not None:
             self.admission.live = self.guard.connections
 

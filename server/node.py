@@ -104,7 +104,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     ctx = node_context(curve is not None)
     largest = largest_message(core.state.size, WIRE_ITEM_BYTES[cfg.wire_dtype])  # a push
     listener = Listener(ctx, options.bind, curve, largest,
-                        peers_per_connection=cfg.num_workers)
+                        peers_per_connection=cfg.num_workers, clients=cfg.num_workers)
     core.peers.on_bar = listener.bar
     sock = listener.sock
     try:

@@ -102,7 +102,8 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         front_curve = keys.front_curve(hosted[0], cfg.num_workers) if keys else None
         # a worker's push, in the run's --wire-dtype
         front = Listener(ctx, options.bind, front_curve,
-                         largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype]))
+                         largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype]),
+                         clients=cfg.num_workers)
         core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar, targets=targets)
         log.info("fronting shards %s (corrupting %s) at %s -> %s with attack %s",
                  core.name, format_shard_set(core.targets), front.endpoint, options.server,

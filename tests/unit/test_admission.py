@@ -93,3 +93,13 @@ def test_an_excerpt_of_a_peers_text_is_short_and_says_how_long_it_was() -> None:
     cut = excerpt("x" * 260_000)
     assert len(cut) < 240 and "260,000 characters" in cut
     assert principal_name(b"\xff" * 20) == "connection " + "ff" * 8
+
+
+def test_the_bounds_before_a_handshake_leave_room_for_a_local_clusters_workers() -> None:
+    """All of a local cluster's n workers connect from one address at once, and each may
+    reconnect while its old connection lingers."""
+    from common.inflight import MAX_BARE, MAX_BARE_PER_SOURCE, bare_bounds
+
+    assert bare_bounds(0) == (MAX_BARE_PER_SOURCE, MAX_BARE)
+    per_source, in_all = bare_bounds(100)
+    assert per_source >= 2 * 100 and in_all >= 4 * 100 and in_all > per_source
