@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -285,18 +285,86 @@ def send(sock: zmq.Socket, envelope: Sequence[Any], header: Header,
     send_frames(sock, join_envelope(envelope, encode(header, tensor)))
 
 
-def send_all(sock: zmq.Socket, messages: Sequence[Outbound]) -> None:
+# Large replies (sent without a copy) a principal's connections may leave untaken: each
+# keeps its round's arrays alive until it is sent or dropped. An honest peer has one or
+# two in flight; a peer that never reads could otherwise pin one array per reply queued.
+REPLIES_HELD = 4
+
+
+class ReplyLedger:
+    """The bytes of large replies each principal has not taken yet, bounded per
+    principal: ``principal_of(envelope)`` names whom a reply goes to (None: not
+    counted), ``budget`` bytes each, ``on_drop(principal)`` for a reply dropped instead
+    of sent. A reply is taken once libzmq has released its frames (their trackers):
+    sent, or dropped with its connection. Only frames of ``ZERO_COPY_MIN_BYTES`` or more
+    are counted (smaller ones are copied into libzmq's queue, bounded by ``SNDHWM``)."""
+
+    def __init__(self, principal_of: Callable[[Sequence[Any]], Hashable | None], budget: int,
+                 on_drop: Callable[[Hashable], None]) -> None:
+        self.principal_of = principal_of
+        self.budget = budget
+        self.on_drop = on_drop
+        self._held: dict[Hashable, list[tuple[zmq.MessageTracker, int]]] = {}
+
+    def held(self, principal: Hashable) -> int:
+        """Bytes ``principal`` has not taken yet (forgetting what it has)."""
+        entries = [e for e in self._held.get(principal, ()) if not e[0].done]
+        if entries:
+            self._held[principal] = entries
+        else:
+            self._held.pop(principal, None)
+        return sum(size for _, size in entries)
+
+    def send(self, sock: zmq.Socket, envelope: Sequence[Any], frames: Sequence[Any]) -> bool:
+        """Send ``frames`` behind ``envelope`` unless that exceeds its principal's budget
+        (then ``on_drop``); whether it was sent."""
+        principal = self.principal_of(envelope)
+        large = sum(size for size in map(_nbytes, frames) if size >= ZERO_COPY_MIN_BYTES)
+        if principal is None or not large:
+            send_frames(sock, join_envelope(envelope, frames))
+            return True
+        if self.held(principal) + large > self.budget:
+            self.on_drop(principal)
+            return False
+        out = join_envelope(envelope, frames)
+        last = len(out) - 1
+        trackers = []
+        for i, frame in enumerate(out):
+            flags = _MORE if i < last else 0
+            if not isinstance(frame, zmq.Frame) and _nbytes(frame) >= ZERO_COPY_MIN_BYTES:
+                trackers.append(sock.send(frame, flags, copy=False, track=True))
+            else:
+                sock.send(frame, flags, copy=False)
+        self._held.setdefault(principal, []).append((zmq.MessageTracker(*trackers), large))
+        return True
+
+
+def _nbytes(frame: Any) -> int:
+    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+
+
+def send_all(sock: zmq.Socket, messages: Sequence[Outbound],
+             ledger: ReplyLedger | None = None) -> None:
     """Send each message behind its envelope, in order, as :func:`send` does.
 
     Messages sharing one header object and one tensor object (a round's PARAMS to every
     PULL parked for it) are encoded once, and their frames made ZeroMQ messages once,
     which every send of them references: a frame below ``ZERO_COPY_MIN_BYTES`` is copied
     then (the arrays may change afterwards), a larger one shares the arrays' memory, as
-    :func:`send` would."""
+    :func:`send` would. With a ``ledger`` the large ones are counted against their
+    principal's budget instead, each send its own zero-copy message of the same memory
+    (:class:`ReplyLedger`)."""
     uses = Counter((id(m.header), id(m.tensor)) for m in messages)
     shared: dict[tuple[int, int], list[zmq.Frame]] = {}
+    encoded: dict[tuple[int, int], list[Any]] = {}
     for m in messages:
         key = (id(m.header), id(m.tensor))
+        if ledger is not None and m.tensor is not None:
+            frames = encoded.get(key)
+            if frames is None:
+                frames = encoded[key] = encode(m.header, m.tensor)
+            ledger.send(sock, m.envelope, frames)
+            continue
         if uses[key] == 1:
             send(sock, m.envelope, m.header, m.tensor)
             continue
@@ -414,6 +482,7 @@ class Listener:
         self.sock, self.endpoint = bind_router(ctx, endpoint, curve, self.admission)
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM_MIN + 2 * peers_per_connection)
         self.largest = largest
+        self.ledger: ReplyLedger | None = None  # the node's, if it bounds replies' bytes
         self._offences: deque[tuple[Identity | None, str]] = deque()
         self.guard = InflightGuard(
             self.sock, limit=hold_limit(largest, RECEIVE_HWM, INBOUND_FRAME_LIMIT),
@@ -446,8 +515,9 @@ class Listener:
         return incoming
 
     def send_all(self, messages: Sequence[Outbound]) -> None:
-        """Send ``messages``, each encoded once however many share it (:func:`send_all`)."""
-        send_all(self.sock, messages)
+        """Send ``messages``, each encoded once however many share it (:func:`send_all`),
+        the large ones within their principal's budget if the node gave a ``ledger``."""
+        send_all(self.sock, messages, self.ledger)
 
     def offences(self) -> list[tuple[Identity | None, str]]:
         """The connections the guard cut since the last call: (key or None, why)."""

@@ -43,13 +43,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.budgets import PeerPolicy, principal_of
+from common.budgets import PeerPolicy, principal_name, principal_of
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.keys import Identity
@@ -88,6 +88,7 @@ LOG_EVERY_ROUNDS = 50
 CHECKPOINT_FAILED = "checkpoint-failed"
 REPEATED_PUSH = "repeated-push"
 REPEATED_PULL = "repeated-pull"  # a PULL of a (peer, round) already parked
+UNREAD_REPLIES = "unread-replies"  # large replies dropped: the peer left earlier ones
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 
 
@@ -296,6 +297,31 @@ class ServerCore:
             if session is not None and session.relayed and session.role == "worker":
                 return (identity.name, session.worker)
         return principal
+
+    def reply_principal(self, envelope: Sequence[Any]) -> Hashable | None:
+        """Whom a reply behind ``envelope`` is charged to (``common.transport.ReplyLedger``):
+        the key of its peer's session ((proxy, worker) for a worker relayed through a
+        proxy; the connection, and the worker it relays, without keys); None for a peer
+        without a session (it gets only refusals, which are small)."""
+        session = self.sessions.get(tuple(bytes(f) for f in envelope))
+        if session is None:
+            return None
+        relayed = session.worker if len(envelope) > 1 else -1
+        if session.identity is None:
+            return (bytes(envelope[0]), relayed)
+        if session.relayed and session.role == "worker":
+            return (session.identity.name, session.worker)
+        return session.identity.name
+
+    def unread_reply(self, principal: Hashable) -> None:
+        """A large reply to ``principal`` was dropped: its earlier ones are still untaken
+        (``common.transport.ReplyLedger``); counted, logged within its budget."""
+        self.counters[UNREAD_REPLIES] += 1
+        held = self.peers.loggable("unread", principal, time.monotonic())
+        if held is not None:
+            log.warning("dropped a reply to %s, who has not taken its earlier ones%s",
+                        principal_name(principal),
+                        f" ({held} more since the last line)" if held else "")
 
     def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, text: str,
                 now: float, logged: bool = False) -> list[Reply]:

@@ -22,7 +22,9 @@ from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
 from common.transport import (
+    REPLIES_HELD,
     Listener,
+    ReplyLedger,
     largest_message,
     node_context,
     shut_down,
@@ -106,6 +108,9 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
     listener = Listener(ctx, options.bind, curve, largest,
                         peers_per_connection=cfg.num_workers, clients=cfg.num_workers)
     core.peers.on_bar = listener.bar
+    # the large replies a key has not taken (each pins its round's values): a few each
+    listener.ledger = ReplyLedger(core.reply_principal, REPLIES_HELD * largest_message(
+        core.state.size), core.unread_reply)
     sock = listener.sock
     try:
         log.info("shards %s of %d (%d values of d=%d) listening on %s (rule %s, n=%d, q=%d, "

@@ -12,12 +12,13 @@ d_s = ceil(d / S) the largest shard, k the shards a server process hosts (its bl
 per vector, n workers and R = ``PS_REPLAY_ROUNDS``:
 
 * ``server``: ``BASE_TORCH`` (the interpreter with torch, numba/llvmlite, numpy,
-  pyzmq) + f * D * (6 n + 8): per hosted shard, the round's (n, d_s) gradient matrix;
+  pyzmq) + f * D * (9 n + 12): per hosted shard, the round's (n, d_s) gradient matrix;
   the rule's scratch (a sorted copy, a pre-aggregator's output: 2 n d_s; the shards step
   one after the other, so this counts k - 1 shards' scratch more than a process holds
   at once: a margin); inbound buffering (the pushes of the current and the next round
-  as received messages, each carrying all k shards: 2 n D); the PARAMS replies queued
-  for the n workers and the evaluator (about n D); and 8 vectors per shard: the
+  as received messages, each carrying all k shards: 2 n D); the PARAMS replies a key
+  may leave untaken, ``common.transport.REPLIES_HELD`` = 4 each for the n workers and
+  the evaluator (4 (n + 1) D: the server drops the ones beyond); and 8 vectors per shard: the
   parameters, the previous ones and a stateful rule's state (kept parameter history),
   the copy handed to the checkpoint writer and one spare (the writer hashes and
   writes the arrays where they are). A process of k shards is so counted as one
@@ -154,7 +155,7 @@ def memory_estimate(role: str, sizes: Sizes, byzantine: bool = False, shards: in
     f, n, d = FLOAT_BYTES, sizes.num_workers, sizes.num_params
     hosted = sizes.process_params(shards)
     if role == "server":
-        return BASE_TORCH + f * hosted * (6 * n + 8)
+        return BASE_TORCH + f * hosted * (9 * n + 12)
     if role == "proxy":
         return BASE_PROXY + f * hosted * (5 * n + 4)
     if role == "worker":

@@ -17,7 +17,7 @@ from zmq.utils.monitor import recv_monitor_message
 from common.config import AttackConfig, RunConfig
 from common.keys import KeyRing, create_keys
 from common.metrics import read_jsonl
-from common.protocol import Error, Hello, Push, Status, Welcome, decode, encode
+from common.protocol import Error, Hello, Pull, Push, Status, Welcome, decode, encode
 from common.settings import SERVER, to_argv
 from common.transport import connect_dealer
 from ps.reference.engine import simulate
@@ -285,3 +285,71 @@ def test_a_resumed_insecure_run_never_runs_insecure_unless_told(tmp_path) -> Non
     assert resumed.exit_code == EXIT_CONFIG
     assert "resume it with --insecure" in resumed.output
     assert not (out / "keys").exists()  # nothing was started or generated
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_replies_a_key_never_reads_are_bounded_by_bytes(processes, tmp_path) -> None:
+    """Issue 35: one worker key, 3 connections that PULL each round and never read (cnn,
+    7.8 MB a reply): the server held every unread reply's round (RSS 257 -> 727 MiB);
+    now the key's large replies beyond REPLIES_HELD are dropped and counted."""
+    cfg = RunConfig(dataset="synthetic", model="cnn", num_workers=4, num_shards=1, q=1,
+                    rounds=24, seed=2).validate()
+    keys = tmp_path / "keys"
+    create_keys(keys, 1, cfg.num_workers)
+    ready = tmp_path / "server.endpoint"
+    server = processes.start("server-0", "server.cli", [
+        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
+        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
+    endpoint = processes.endpoint(ready, server)
+    workers = [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", endpoint, "--worker-id", str(i), "--timeout", "30", "--keys", str(keys),
+        *to_argv(cfg, SERVER)]) for i in (1, 2, 3)]
+    ring = KeyRing(keys)
+    ctx = zmq.Context.instance()
+    watcher = connect_dealer(ctx, endpoint, 0, ring.client_curve("evaluator", 0))
+    hello = encode(Hello(role="worker", worker=0, config_hash=cfg.config_hash))
+    silent = []
+    for _ in range(3):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.LINGER, 0)
+        curve = ring.client_curve("worker-0", 0)
+        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+        sock.curve_serverkey = curve.server
+        sock.connect(endpoint)
+        sock.send_multipart([b"", *hello])
+        silent.append(sock)
+
+    def status():
+        reply = ask(watcher, encode(Status()))
+        assert not isinstance(reply, Error), reply
+        return reply
+
+    try:
+        wait_for(lambda: status().round >= 3, 120, "round 3")
+        before = _rss_mb(server.pid)
+        pulled = -1
+        while (current := status().round) < cfg.rounds - 2:
+            if current != pulled:
+                for sock in silent:  # asked for, never read
+                    sock.send_multipart([b"", *encode(Pull(round=current, worker=0))])
+                pulled = current
+            time.sleep(0.05)
+        grown = _rss_mb(server.pid) - before
+        counters = status().counters
+    finally:
+        for sock in [watcher, *silent]:
+            sock.close(0)
+    for worker in workers:
+        assert processes.wait_exit(worker, 240) == 0, worker.tail()
+    # 3 connections x ~19 rounds x 7.8 MB unread before; now at most REPLIES_HELD replies
+    assert grown < 150, f"server RSS grew {grown:.0f} MiB"
+    assert counters.get("unread-replies", 0) > 0, (counters, grown)

@@ -229,7 +229,7 @@ def test_compose_limits_logging_and_read_only_root() -> None:
         assert resources.memory_limit(role, small) >= (
             resources.HEADROOM * resources.memory_estimate(role, small))
     assert (resources.memory_estimate("server", big) - resources.BASE_TORCH
-            == 4 * 5_000_000 * (6 * 20 + 8))
+            == 4 * 5_000_000 * (9 * 20 + 12))
 
 
 def test_memory_limits_cover_the_measured_peaks() -> None:
