@@ -315,12 +315,13 @@ class ReplyLedger:
             self._held.pop(principal, None)
         return sum(size for _, size in entries)
 
-    def send(self, sock: zmq.Socket, envelope: Sequence[Any], frames: Sequence[Any]) -> bool:
-        """Send ``frames`` behind ``envelope`` unless that exceeds its principal's budget
-        (then ``on_drop``); whether it was sent."""
+    def send(self, sock: zmq.Socket, envelope: Sequence[Any], frames: Sequence[Any],
+             large: int) -> bool:
+        """Send ``frames``, of which ``large`` bytes in frames of ``ZERO_COPY_MIN_BYTES``
+        or more, behind ``envelope`` unless that exceeds its principal's budget (then
+        ``on_drop``); whether it was sent."""
         principal = self.principal_of(envelope)
-        large = sum(size for size in map(_nbytes, frames) if size >= ZERO_COPY_MIN_BYTES)
-        if principal is None or not large:
+        if principal is None:
             send_frames(sock, join_envelope(envelope, frames))
             return True
         if self.held(principal) + large > self.budget:
@@ -343,6 +344,11 @@ def _nbytes(frame: Any) -> int:
     return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
 
 
+def _large_bytes(frames: Sequence[Any]) -> int:
+    """Bytes in the frames that are sent without a copy (``ZERO_COPY_MIN_BYTES`` or more)."""
+    return sum(size for size in map(_nbytes, frames) if size >= ZERO_COPY_MIN_BYTES)
+
+
 def send_all(sock: zmq.Socket, messages: Sequence[Outbound],
              ledger: ReplyLedger | None = None) -> None:
     """Send each message behind its envelope, in order, as :func:`send` does.
@@ -356,22 +362,25 @@ def send_all(sock: zmq.Socket, messages: Sequence[Outbound],
     (:class:`ReplyLedger`)."""
     uses = Counter((id(m.header), id(m.tensor)) for m in messages)
     shared: dict[tuple[int, int], list[zmq.Frame]] = {}
-    encoded: dict[tuple[int, int], list[Any]] = {}
+    encoded: dict[tuple[int, int], tuple[list[Any], int]] = {}
     for m in messages:
         key = (id(m.header), id(m.tensor))
         if ledger is not None and m.tensor is not None:
-            frames = encoded.get(key)
-            if frames is None:
-                frames = encoded[key] = encode(m.header, m.tensor)
-            ledger.send(sock, m.envelope, frames)
-            continue
+            if key not in encoded:
+                frames = encode(m.header, m.tensor)
+                encoded[key] = frames, _large_bytes(frames)
+            frames, large = encoded[key]
+            if large:
+                ledger.send(sock, m.envelope, frames, large)
+                continue
         if uses[key] == 1:
             send(sock, m.envelope, m.header, m.tensor)
             continue
         body = shared.get(key)
         if body is None:
+            frames = encoded[key][0] if key in encoded else encode(m.header, m.tensor)
             body = shared[key] = [zmq.Frame(f, copy_threshold=ZERO_COPY_MIN_BYTES)
-                                  for f in encode(m.header, m.tensor)]
+                                  for f in frames]
         send_frames(sock, join_envelope(m.envelope, body))
 
 

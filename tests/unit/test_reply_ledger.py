@@ -1,0 +1,77 @@
+"""The bytes of large replies a key may leave untaken (``common.transport.ReplyLedger``):
+sent without a copy, each keeps its values alive until libzmq has sent it; beyond the
+budget they are dropped and reported, and what was taken frees the budget again."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.protocol import Params
+from common.transport import ZERO_COPY_MIN_BYTES, ReplyLedger, send_all
+
+BIG = np.zeros(ZERO_COPY_MIN_BYTES // 4 * 2, np.float32)  # 2 MiB: sent without a copy
+SMALL = np.zeros(100, np.float32)
+
+
+@dataclass
+class Reply:
+    envelope: list[bytes]
+    header: Any
+    tensor: Any
+
+
+def _pair() -> tuple[zmq.Socket, zmq.Socket]:
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.copy_threshold = ZERO_COPY_MIN_BYTES
+    dealer.setsockopt(zmq.IDENTITY, b"peer")
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    dealer.send(b"hi")
+    router.recv_multipart()
+    return router, dealer
+
+
+def test_large_replies_beyond_the_budget_are_dropped_until_taken() -> None:
+    router, dealer = _pair()
+    dropped: list[object] = []
+    ledger = ReplyLedger(lambda envelope: "worker-1", 3 * BIG.nbytes + 1024, dropped.append)
+    big = Params(round=0, shards=[0], length=BIG.size)
+    small = Params(round=0, shards=[0], length=SMALL.size)
+    try:
+        # five large replies, not read: three fit the budget; small ones are not counted
+        send_all(router, [Reply([b"peer"], big, BIG) for _ in range(5)]
+                 + [Reply([b"peer"], small, SMALL) for _ in range(3)], ledger)
+        assert dropped == ["worker-1", "worker-1"]
+        assert ledger.held("worker-1") == 3 * BIG.nbytes
+        received = 0
+        while dealer.poll(2000):
+            dealer.recv_multipart()
+            received += 1
+        assert received == 3 + 3
+        deadline = time.monotonic() + 5
+        while ledger.held("worker-1") and time.monotonic() < deadline:
+            time.sleep(0.01)  # libzmq hands the frames back through pyzmq's gc thread
+        assert ledger.held("worker-1") == 0  # taken: the budget is free again
+        send_all(router, [Reply([b"peer"], big, BIG)], ledger)
+        assert len(dropped) == 2 and dealer.poll(2000)
+    finally:
+        router.close(0)
+        dealer.close(0)
+
+
+def test_a_peer_without_a_principal_is_not_counted() -> None:
+    router, dealer = _pair()
+    ledger = ReplyLedger(lambda envelope: None, 1, lambda principal: None)
+    try:
+        send_all(router, [Reply([b"peer"], Params(round=0, shards=[0], length=BIG.size), BIG)],
+                 ledger)
+        assert dealer.poll(2000)
+    finally:
+        router.close(0)
+        dealer.close(0)
