@@ -264,10 +264,9 @@ class InflightGuard:
                                "not completed a handshake; cut the oldest")
 
     def _cut_bare(self, inode: int, conn: _Connection, why: str) -> None:
-        if self._cut(inode, conn):
+        if self._cut(inode, conn):  # counted by the node (and logged within its throttle)
             self.bare_cuts += 1
-            if self._throttle.admit("bare", time.monotonic()) is not None:
-                self.on_offence(None, why)
+            self.on_offence(None, why)
 
     def _forget_bare(self, inode: int, conn: _Connection | None) -> None:
         self._bare.pop(inode, None)

@@ -15,10 +15,7 @@ idle connection is cut), connections opened, and how many were still open at the
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,67 +23,21 @@ import time
 from pathlib import Path
 
 import click
+from chaos_keyholders import BareFlood, cpu_s
 
 from common.config import RunConfig
 from common.keys import create_keys
 from common.settings import SERVER, to_argv
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
 
 def _cores(pid: int, seconds: float, during=None) -> float:
-    start_cpu, start = _cpu_s(pid), time.monotonic()
+    start_cpu, start = cpu_s(pid), time.monotonic()
     while time.monotonic() - start < seconds:
         if during is not None:
             during()
         else:
             time.sleep(0.05)
-    return (_cpu_s(pid) - start_cpu) / (time.monotonic() - start)
-
-
-class Flood:
-    """Up to ``limit`` bare connections, reopened as the server cuts them."""
-
-    def __init__(self, host: str, port: int, limit: int, sources: int, reopen: bool) -> None:
-        self.host, self.port, self.limit, self.reopen = host, port, limit, reopen
-        self.sources = [f"127.0.0.{k + 1}" for k in range(sources)]
-        self.open: list[socket.socket] = []
-        self.opened = 0
-
-    def step(self) -> None:
-        """Drop the connections the server closed; open new ones up to the limit."""
-        alive = []
-        for sock in self.open:
-            try:
-                closed = sock.recv(1) == b""
-            except BlockingIOError:
-                closed = False
-            except OSError:
-                closed = True
-            if closed:
-                sock.close()
-            else:
-                alive.append(sock)
-        self.open = alive
-        room = self.limit - (len(self.open) if self.reopen else self.opened)
-        for _ in range(min(500, room)):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((self.sources[self.opened % len(self.sources)], 0))
-            sock.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                sock.connect((self.host, self.port))
-            self.open.append(sock)
-            self.opened += 1
-
-    def close(self) -> None:
-        for sock in self.open:
-            sock.close()
+    return (cpu_s(pid) - start_cpu) / (time.monotonic() - start)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -119,7 +70,7 @@ def main(connections: int, sources: int, seconds: float, reopen: bool,
             host, port = ready.read_text().strip().removeprefix("tcp://").rsplit(":", 1)
             time.sleep(1.0)
             idle = _cores(server.pid, seconds)
-            flood = Flood(host, int(port), connections, sources, reopen)
+            flood = BareFlood(host, int(port), connections, sources, reopen)
             try:
                 flooded = _cores(server.pid, seconds, flood.step)
                 held = _cores(server.pid, seconds)  # what is left, held and scanned

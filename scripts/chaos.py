@@ -33,7 +33,12 @@ The attackers' keys (bars hit only them):
 Phases (the targets are server-1 and proxy-0):
 
 1. ``giant`` alone at server-1 for ``--giant-seconds`` (its RSS peak is its own), then
-   ``giant-silent`` alone as long; both go on reconnecting until the attack ends;
+   ``giant-silent`` alone as long; both go on reconnecting until the attack ends; then
+   the key holders' phases of ``scripts/chaos_keyholders.py``, each alone as long:
+   ``unread`` (a key's connections that PULL and never read, at server-1), ``bare``
+   (``--bare-connections`` that never start a handshake, at server-1),
+   ``proxy-envelopes`` (proxy-0's key at server-0, HELLO as every worker behind made-up
+   envelopes), each with the CPU, peak RSS, log bytes and counters it cost;
 2. the floods: at each target its classes one after another (on one connection per key:
    a node admits a key's handshakes a few at a time), each asking STATUS before and
    after (the node answers a connection in order, so the second reply comes after every
@@ -81,6 +86,7 @@ import click
 import msgpack
 import numpy as np
 import zmq
+from chaos_keyholders import BareFlood, Phase, UnreadPuller, envelope_flood, status
 from zmq.utils.monitor import recv_monitor_message
 
 from common.config import AttackConfig, RunConfig
@@ -798,7 +804,11 @@ class ChaosCluster(Cluster):
 @click.option("--strangers", default=200, type=int,
               help="Connection attempts with no key or an unknown key.")
 @click.option("--giant-seconds", default=20.0, type=float,
-              help="Seconds each 2 GB class runs alone at server-1 before the floods.")
+              help="Seconds each 2 GB class, and each key holders' phase (unread replies, "
+              "bare connections, a proxy key's envelopes), runs alone before the floods.")
+@click.option("--bare-connections", default=10_000, type=int,
+              help="Connections that never start a handshake kept open at server-1 (the "
+              "bare phase), opened again as it cuts them.")
 @click.option("--window-wait", default=0.05, type=float,
               help="Seconds a windowed class waits for replies before it goes on.")
 @click.option("--cpu-messages", default=3000, type=int,
@@ -815,7 +825,7 @@ class ChaosCluster(Cluster):
 @click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
 def main(quota: int, workers: int, honest: int, shards: int, rounds: int | None, rule: str,
          proxy_attack: str, round_timeout: float, idle_connections: int, strangers: int,
-         giant_seconds: float, window_wait: float, cpu_messages: int,
+         giant_seconds: float, bare_connections: int, window_wait: float, cpu_messages: int,
          before_tree: Path | None, run_timeout: float, keep: Path | None,
          json_path: Path | None) -> None:
     if workers - honest < BYZANTINE_KEYS or honest < 1:
@@ -838,7 +848,8 @@ def main(quota: int, workers: int, honest: int, shards: int, rounds: int | None,
                            server=ServerOptions(round_timeout=str(round_timeout), quorum=honest),
                            security=SecurityOptions(keys=keys))
         options = {"idle": idle_connections, "strangers": strangers,
-                   "giant_seconds": giant_seconds, "window_wait_s": window_wait,
+                   "giant_seconds": giant_seconds, "bare": bare_connections,
+                   "window_wait_s": window_wait,
                    "pace_s": round_timeout}
         report = _attack_cluster(spec, KeyRing(keys), quota, honest, options)
         if keep is not None:
@@ -869,7 +880,7 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
     launched = time.monotonic()
     run = BackgroundRun(cluster)
     out = spec.out_dir
-    endpoints = _await(out / "run", ["server-1", "proxy-0"], run)
+    endpoints = _await(out / "run", ["server-0", "server-1", "proxy-0"], run)
     _await_round(out / "server-0.jsonl", run)
     nodes = {p.name: p.pid for p in cluster.processes
              if p.name.startswith(("server", "proxy")) and p.pid is not None}
@@ -919,6 +930,8 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
             offender.start()
             halt.wait(options["giant_seconds"])
             phases[name] = time.monotonic() - begun
+        keyholders = _keyholder_phases(cfg, ring, endpoints, nodes, out, attackers, sampler,
+                                       options, say)
         sampler.mark("floods")  # phase 2: the floods (the giants go on)
         begun = time.monotonic()
         for offender in oversize.values():
@@ -1009,6 +1022,7 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
                          **o.report(f"worker-{attackers.oversize}" in barred[n])}
                      for n, o in oversize.items()},
         "peak_rss_growth_mb": rss,
+        "keyholders": keyholders,
         # what the in-flight guard's logged cuts at server-1 say a connection held (the
         # log is throttled: not every cut has its line)
         "holds_logged_at_server_1": holds,
@@ -1024,6 +1038,74 @@ def _attack_cluster(spec: ClusterSpec, ring: KeyRing, quota: int, honest: int,
         "bit_identical": bool(reference and result and reference.digest == result.digest),
     }
     return {"summary": summary, "classes": classes}
+
+
+def _keyholder_phases(cfg: RunConfig, ring: KeyRing, endpoints: dict[str, str],
+                      nodes: dict[str, int], out: Path, attackers: Attackers,
+                      sampler: Sampler, options: dict, say: Callable[[str], None]) -> dict:
+    """Phase 1b (``scripts/chaos_keyholders.py``): each key holders' attack of issue 35
+    alone for ``--giant-seconds``, and what its node paid (CPU, log bytes, counters, peak
+    RSS over its RSS when the phase began)."""
+    seconds = options["giant_seconds"]
+    ctx = zmq.Context()
+    report: dict[str, dict] = {}
+    began: dict[str, int] = {}
+
+    def mark(phase: str, node: str) -> None:
+        sampler.mark(phase)
+        began[phase] = _status_kb(nodes[node], "VmRSS")
+
+    def grown(phase: str, node: str) -> float:
+        return round((sampler.peaks[phase][node] - began[phase]) / 1024, 1)
+
+    def watch(node: str, shard: int) -> Phase:
+        return Phase(nodes[node], out / "logs" / f"{node}.log",
+                     lambda: status(ctx, endpoints[node], ring.client_curve("evaluator", shard)))
+
+    try:
+        say(f"unread: worker-{attackers.flood}'s 3 connections PULL every round at server-1 "
+            "and never read")
+        mark("unread", "server-1")
+        phase, stop = watch("server-1", 1), threading.Event()
+        puller = UnreadPuller(endpoints["server-1"],
+                              ring.client_curve(f"worker-{attackers.flood}", 1),
+                              _hello(cfg, "worker", attackers.flood), attackers.flood,
+                              lambda: _last_round(out / "server-1.jsonl"), stop)
+        puller.start()
+        stop.wait(seconds)
+        stop.set()
+        puller.join()
+        report["unread"] = {**phase.report(), "pulls": puller.pulls,
+                            "rss_growth_mb": grown("unread", "server-1")}
+        say(f"bare: up to {options['bare']:,} connections that never start a handshake at "
+            "server-1, from 16 addresses")
+        mark("bare", "server-1")
+        phase = watch("server-1", 1)
+        host, port = endpoints["server-1"].removeprefix("tcp://").rsplit(":", 1)
+        flood = BareFlood(host, int(port), options["bare"], 16)
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                flood.step()
+                time.sleep(0.02)
+        finally:
+            opened = flood.opened
+            flood.close()
+        report["bare"] = {**phase.report(), "opened": opened,
+                          "rss_growth_mb": grown("bare", "server-1")}
+        say("proxy-envelopes: proxy-0's key at server-0, HELLO as every worker behind "
+            "made-up envelopes")
+        mark("proxy-envelopes", "server-0")
+        phase = watch("server-0", 0)
+        sent = envelope_flood(endpoints["server-0"], ring.client_curve("proxy-0", 0),
+                              cfg.config_hash, cfg.num_workers, seconds)
+        report["proxy-envelopes"] = {**phase.report(), **sent,
+                                     "rss_growth_mb": grown("proxy-envelopes", "server-0")}
+    finally:
+        ctx.destroy(linger=0)
+    for name, r in report.items():
+        say(f"{name}: {r}")
+    return report
 
 
 def _await(run_dir: Path, names: list[str], run: BackgroundRun) -> dict[str, str]:

@@ -24,7 +24,8 @@ def test_chaos_with_tiny_quotas(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--frames", "200",
          "--workers", str(WORKERS), "--honest", str(HONEST), "--rounds", "200",
-         "--giant-seconds", "3", "--idle-connections", "10", "--strangers", "4",
+         "--giant-seconds", "3", "--bare-connections", "2000", "--idle-connections", "10",
+         "--strangers", "4",
          "--cpu-messages", "0", "--json", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert report.exists(), done.stderr[-4000:]
@@ -41,6 +42,15 @@ def test_chaos_with_tiny_quotas(tmp_path: Path) -> None:
     assert giant["key"] in (summary["giant_first_barred_line"] or {}).get("barred", [])
     assert summary["peak_rss_growth_mb"]["giant_alone"]["server-1"] < 150
     assert summary["strangers"]["replies"] == 0
+    # issue 35's key holders, each alone: what the node paid stays bounded
+    keyholders = summary["keyholders"]
+    assert keyholders["unread"]["pulls"] > 0 and keyholders["unread"]["rss_growth_mb"] < 100
+    bare = keyholders["bare"]
+    assert bare["counters"].get("cut", 0) > 0 and bare["rss_growth_mb"] < 100, bare
+    envelopes = keyholders["proxy-envelopes"]
+    assert envelopes["sessions_opened"] == 0 and envelopes["sent"] > 1000, envelopes
+    # one key's refusal budget, whatever envelopes it made up: 200 at once, 100/s
+    assert envelopes["replies"] <= 200 + 100 * (envelopes["seconds"] + 1), envelopes
     # every class was sent, and what was not answered was dropped, not lost
     assert not summary["classes_short_of_quota"]
     assert summary["answered"] > 0 and summary["unanswered_by_nodes"] > 0
