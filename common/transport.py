@@ -332,8 +332,9 @@ class ReplyLedger:
         trackers = []
         for i, frame in enumerate(out):
             flags = _MORE if i < last else 0
-            if not isinstance(frame, zmq.Frame) and _nbytes(frame) >= ZERO_COPY_MIN_BYTES:
-                trackers.append(sock.send(frame, flags, copy=False, track=True))
+            if _nbytes(frame) >= ZERO_COPY_MIN_BYTES:  # a received frame: by its memory
+                data = frame.buffer if isinstance(frame, zmq.Frame) else frame
+                trackers.append(sock.send(data, flags, copy=False, track=True))
             else:
                 sock.send(frame, flags, copy=False)
         self._held.setdefault(principal, []).append((zmq.MessageTracker(*trackers), large))
@@ -344,7 +345,7 @@ def _nbytes(frame: Any) -> int:
     return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
 
 
-def _large_bytes(frames: Sequence[Any]) -> int:
+def large_bytes(frames: Sequence[Any]) -> int:
     """Bytes in the frames that are sent without a copy (``ZERO_COPY_MIN_BYTES`` or more)."""
     return sum(size for size in map(_nbytes, frames) if size >= ZERO_COPY_MIN_BYTES)
 
@@ -368,7 +369,7 @@ def send_all(sock: zmq.Socket, messages: Sequence[Outbound],
         if ledger is not None and m.tensor is not None:
             if key not in encoded:
                 frames = encode(m.header, m.tensor)
-                encoded[key] = frames, _large_bytes(frames)
+                encoded[key] = frames, large_bytes(frames)
             frames, large = encoded[key]
             if large:
                 ledger.send(sock, m.envelope, frames, large)

@@ -23,10 +23,11 @@ per vector, n workers and R = ``PS_REPLAY_ROUNDS``:
   the copy handed to the checkpoint writer and one spare (the writer hashes and
   writes the arrays where they are). A process of k shards is so counted as one
   shard of k * d_s values;
-* ``proxy``: ``BASE_PROXY`` (numpy and pyzmq, no torch) + f * D * (5 n + 4), D its
+* ``proxy``: ``BASE_PROXY`` (numpy and pyzmq, no torch) + f * D * (7 n + 3), D its
   server process's: the pushes of the current and the next round it holds (2 n), a
   whole round copied for the attacks that read the honest vectors (n), the PARAMS
-  replies it relays (n + 1) and the corruption's scratch;
+  replies it relays, 4 a worker's connection may leave untaken (4 n: the proxy drops
+  the ones beyond, ``common.transport.ReplyLedger``) and the corruption's scratch;
 * ``worker``: ``BASE_TORCH`` + the dataset (every sample decoded to float32, plus its
   raw bytes while decoding) + f * d * (R + 8): the gradients kept to replay (R d), the
   flat parameters and gradients, the assembled PARAMS, the worker momentum, the pushes
@@ -157,7 +158,7 @@ def memory_estimate(role: str, sizes: Sizes, byzantine: bool = False, shards: in
     if role == "server":
         return BASE_TORCH + f * hosted * (9 * n + 12)
     if role == "proxy":
-        return BASE_PROXY + f * hosted * (5 * n + 4)
+        return BASE_PROXY + f * hosted * (7 * n + 3)
     if role == "worker":
         return (BASE_TORCH + sizes.dataset_bytes
                 + f * d * (sizes.replay_rounds + 8 + (n if byzantine else 0)))

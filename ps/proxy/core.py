@@ -74,6 +74,7 @@ log = logging.getLogger("ps.proxy")
 # Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
 MAX_ROUTES = 4096
 MAX_ERROR_TEXT = 2000
+UNREAD_REPLIES = "unread-replies"  # large replies dropped: the worker left earlier ones
 # After a reply of the last round, how long the proxy waits for the others of it when
 # fewer than n come (a round deadline closed the last round without some workers).
 FINAL_QUIET_S = 2.0
@@ -178,6 +179,15 @@ class ProxyCore:
                 log.exception("internal error handling a worker's message")
             return self._refuse(principal, incoming.envelope, ErrorCode.INTERNAL,
                                 f"{type(exc).__name__}: {exc}", now, logged=True)
+
+    def unread_reply(self, connection: Hashable) -> None:
+        """A large reply to a worker's ``connection`` was dropped: its earlier ones are
+        still untaken (``common.transport.ReplyLedger``); counted, logged within budget."""
+        self.counters[UNREAD_REPLIES] += 1
+        held = self.peers.loggable("unread", connection, time.monotonic())
+        if held is not None:
+            log.warning("dropped a reply to a worker's connection that has not taken its "
+                        "earlier ones%s", f" ({held} more since the last line)" if held else "")
 
     def offence(self, identity: Identity | None, reason: str, now: float) -> None:
         """The node's in-flight guard cut a connection of ``identity``: bar it (None: no

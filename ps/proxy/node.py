@@ -17,12 +17,15 @@ from common.errors import ClusterTimeout, ConfigError
 from common.keys import KeyRing
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.protocol import Hello, Welcome, encode
+from common.protocol import Hello, Welcome, encode, split_envelope
 from common.sharding import format_shard_set, parse_shard_set
 from common.transport import (
     LINGER_MS,
+    REPLIES_HELD,
     Listener,
+    ReplyLedger,
     connect_dealer,
+    large_bytes,
     largest_message,
     node_context,
     receive,
@@ -105,6 +108,9 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                          largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype]),
                          clients=cfg.num_workers)
         core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar, targets=targets)
+        # the large replies a worker's connection has not taken (a key has at most 4)
+        ledger = ReplyLedger(lambda envelope: bytes(envelope[0]) if envelope else None,
+                             REPLIES_HELD * largest, core.unread_reply)
         log.info("fronting shards %s (corrupting %s) at %s -> %s with attack %s",
                  core.name, format_shard_set(core.targets), front.endpoint, options.server,
                  attack.proxy_attack)
@@ -125,7 +131,15 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                 for identity, why in front.offences():
                     core.offence(identity, why, time.monotonic())
                 for o in outgoing:
-                    send_frames(back if o.to_server else front.sock, o.frames)
+                    if o.to_server:
+                        send_frames(back, o.frames)
+                        continue
+                    envelope, body = split_envelope(o.frames)
+                    large = large_bytes(body)
+                    if large:  # values from the server or corrupted: pinned until sent
+                        ledger.send(front.sock, envelope, body, large)
+                    else:
+                        send_frames(front.sock, o.frames)
             log.info("the last round's replies went back; exiting")
         finally:
             metrics.close()

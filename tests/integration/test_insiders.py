@@ -353,3 +353,65 @@ def test_replies_a_key_never_reads_are_bounded_by_bytes(processes, tmp_path) -> 
     # 3 connections x ~19 rounds x 7.8 MB unread before; now at most REPLIES_HELD replies
     assert grown < 150, f"server RSS grew {grown:.0f} MiB"
     assert counters.get("unread-replies", 0) > 0, (counters, grown)
+
+
+def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tmp_path) -> None:
+    """The same at a proxy (a node too): worker-0's key, 3 connections to the proxy that
+    PULL every round through it and never read; the proxy drops the large replies beyond
+    its budget and counts them."""
+    from common.relay_auth import hello_tag, new_nonce
+
+    cfg = RunConfig(dataset="synthetic", model="cnn", num_workers=4, num_shards=1, q=1,
+                    rounds=16, seed=2).validate()
+    keys = tmp_path / "keys"
+    create_keys(keys, 1, cfg.num_workers, proxies=(0,))
+    ready = tmp_path / "server.endpoint"
+    server = processes.start("server-0", "server.cli", [
+        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
+        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
+    endpoint = processes.endpoint(ready, server)
+    proxy_ready = tmp_path / "proxy.endpoint"
+    proxy = processes.start("proxy-0", "ps.proxy.cli", [
+        "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
+        "--proxy-attack", "gambler", "--gambler-p", "0.0", "--out-dir", str(tmp_path),
+        "--ready-file", str(proxy_ready), "--keys", str(keys), *to_argv(cfg, SERVER)])
+    front = processes.endpoint(proxy_ready, proxy)
+    workers = [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", front, "--via-proxy", "0", "--worker-id", str(i), "--timeout", "30",
+        "--keys", str(keys), *to_argv(cfg, SERVER)]) for i in (1, 2, 3)]
+    ring = KeyRing(keys)
+    ctx = zmq.Context.instance()
+    watcher = connect_dealer(ctx, endpoint, 0, ring.client_curve("evaluator", 0))
+    nonce = new_nonce()
+    hello = encode(Hello(role="worker", worker=0, config_hash=cfg.config_hash, nonce=nonce,
+                         tag=hello_tag(ring.worker_relay_key(0, 0), cfg.config_hash, 0, 0,
+                                       nonce)))
+    curve = ring.client_curve("worker-0", 0, via_proxy=True)
+    silent = []
+    for _ in range(3):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+        sock.curve_serverkey = curve.server
+        sock.connect(front)
+        sock.send_multipart([b"", *hello])
+        silent.append(sock)
+    try:
+        pulled = -1
+        while (current := ask(watcher, encode(Status())).round) < cfg.rounds - 2:
+            if current != pulled:
+                for sock in silent:  # asked for, never read
+                    sock.send_multipart([b"", *encode(Pull(round=current, worker=0))])
+                pulled = current
+            time.sleep(0.05)
+    finally:
+        for sock in [watcher, *silent]:
+            sock.close(0)
+    for worker in workers:
+        assert processes.wait_exit(worker, 240) == 0, worker.tail()
+    assert processes.wait_exit(proxy, 60) == 0, proxy.tail()
+    counters = read_jsonl(tmp_path / "proxy-0.jsonl")[-1]["counters"]
+    assert counters.get("unread-replies", 0) > 0, counters

@@ -75,3 +75,23 @@ def test_a_peer_without_a_principal_is_not_counted() -> None:
     finally:
         router.close(0)
         dealer.close(0)
+
+
+def test_a_received_frame_relayed_is_counted_by_its_memory() -> None:
+    """A proxy relays the server's frames as received (no copy): counted all the same."""
+    router, dealer = _pair()
+    source, sink = _pair()
+    held: list[object] = []
+    ledger = ReplyLedger(lambda envelope: bytes(envelope[0]), BIG.nbytes + 1024, held.append)
+    try:
+        sink.send_multipart([b"", memoryview(BIG)], copy=False)
+        frames = source.recv_multipart(copy=False)  # [routing id, delimiter, values]
+        values = frames[2]
+        assert isinstance(values, zmq.Frame) and len(values) == BIG.nbytes
+        assert ledger.send(router, [b"peer"], [b"header", values], BIG.nbytes)
+        assert not ledger.send(router, [b"peer"], [b"header", values], BIG.nbytes)
+        assert held == [b"peer"] and ledger.held(b"peer") == BIG.nbytes
+        assert dealer.poll(2000) and len(dealer.recv_multipart()[-1]) == BIG.nbytes
+    finally:
+        for sock in (router, dealer, source, sink):
+            sock.close(0)
