@@ -261,13 +261,6 @@ def test_an_over_long_message_gets_its_key_barred_and_the_run_goes_on(processes,
     assert reference.digest == params_digest(final_parameters(tmp_path, CFG, ring))
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def test_a_resumed_insecure_run_never_runs_insecure_unless_told(tmp_path) -> None:
     """The run directory's saved command says --insecure; a resume whose own command line
     does not say it refuses, before starting anything, naming what to do."""
@@ -294,6 +287,45 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _cnn_server(processes, tmp_path: Path, cfg: RunConfig, keys: Path):
+    """A keyed server of ``cfg`` (one shard) whose rounds close with 3 of its 4 workers."""
+    ready = tmp_path / "server.endpoint"
+    server = processes.start("server-0", "server.cli", [
+        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
+        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
+    return server, processes.endpoint(ready, server)
+
+
+def _silent(ctx: zmq.Context, endpoint: str, curve, hello: list, count: int = 3) -> list:
+    """``count`` connections of one key that say HELLO and read nothing after (RCVHWM 1,
+    a 4 KB receive buffer): what the node queues for them stays with the node."""
+    socks = []
+    for _ in range(count):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+        sock.curve_serverkey = curve.server
+        sock.connect(endpoint)
+        sock.send_multipart([b"", *hello])
+        socks.append(sock)
+    return socks
+
+
+def _pull_every_round(watcher: zmq.Socket, socks: list, until: int) -> None:
+    """On each of ``socks``, PULL each new round (the watcher's STATUS says which) until
+    round ``until``."""
+    pulled = -1
+    while (current := ask(watcher, encode(Status())).round) < until:
+        if current != pulled:
+            for sock in socks:  # asked for, never read
+                sock.send_multipart([b"", *encode(Pull(round=current, worker=0))])
+            pulled = current
+        time.sleep(0.05)
+
+
 def test_replies_a_key_never_reads_are_bounded_by_bytes(processes, tmp_path) -> None:
     """Issue 35: one worker key, 3 connections that PULL each round and never read (cnn,
     7.8 MB a reply): the server held every unread reply's round (RSS 257 -> 727 MiB);
@@ -302,12 +334,7 @@ def test_replies_a_key_never_reads_are_bounded_by_bytes(processes, tmp_path) -> 
                     rounds=24, seed=2).validate()
     keys = tmp_path / "keys"
     create_keys(keys, 1, cfg.num_workers)
-    ready = tmp_path / "server.endpoint"
-    server = processes.start("server-0", "server.cli", [
-        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
-        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
-    endpoint = processes.endpoint(ready, server)
+    server, endpoint = _cnn_server(processes, tmp_path, cfg, keys)
     workers = [processes.start(f"worker-{i}", "worker.cli", [
         "--servers", endpoint, "--worker-id", str(i), "--timeout", "30", "--keys", str(keys),
         *to_argv(cfg, SERVER)]) for i in (1, 2, 3)]
@@ -315,36 +342,13 @@ def test_replies_a_key_never_reads_are_bounded_by_bytes(processes, tmp_path) -> 
     ctx = zmq.Context.instance()
     watcher = connect_dealer(ctx, endpoint, 0, ring.client_curve("evaluator", 0))
     hello = encode(Hello(role="worker", worker=0, config_hash=cfg.config_hash))
-    silent = []
-    for _ in range(3):
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.RCVHWM, 1)
-        sock.setsockopt(zmq.RCVBUF, 4096)
-        sock.setsockopt(zmq.LINGER, 0)
-        curve = ring.client_curve("worker-0", 0)
-        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
-        sock.curve_serverkey = curve.server
-        sock.connect(endpoint)
-        sock.send_multipart([b"", *hello])
-        silent.append(sock)
-
-    def status():
-        reply = ask(watcher, encode(Status()))
-        assert not isinstance(reply, Error), reply
-        return reply
-
+    silent = _silent(ctx, endpoint, ring.client_curve("worker-0", 0), hello)
     try:
-        wait_for(lambda: status().round >= 3, 120, "round 3")
+        wait_for(lambda: ask(watcher, encode(Status())).round >= 3, 120, "round 3")
         before = _rss_mb(server.pid)
-        pulled = -1
-        while (current := status().round) < cfg.rounds - 2:
-            if current != pulled:
-                for sock in silent:  # asked for, never read
-                    sock.send_multipart([b"", *encode(Pull(round=current, worker=0))])
-                pulled = current
-            time.sleep(0.05)
+        _pull_every_round(watcher, silent, cfg.rounds - 2)
         grown = _rss_mb(server.pid) - before
-        counters = status().counters
+        counters = ask(watcher, encode(Status())).counters
     finally:
         for sock in [watcher, *silent]:
             sock.close(0)
@@ -365,12 +369,7 @@ def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tm
                     rounds=16, seed=2).validate()
     keys = tmp_path / "keys"
     create_keys(keys, 1, cfg.num_workers, proxies=(0,))
-    ready = tmp_path / "server.endpoint"
-    server = processes.start("server-0", "server.cli", [
-        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
-        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
-    endpoint = processes.endpoint(ready, server)
+    _, endpoint = _cnn_server(processes, tmp_path, cfg, keys)
     proxy_ready = tmp_path / "proxy.endpoint"
     proxy = processes.start("proxy-0", "ps.proxy.cli", [
         "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
@@ -387,26 +386,9 @@ def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tm
     hello = encode(Hello(role="worker", worker=0, config_hash=cfg.config_hash, nonce=nonce,
                          tag=hello_tag(ring.worker_relay_key(0, 0), cfg.config_hash, 0, 0,
                                        nonce)))
-    curve = ring.client_curve("worker-0", 0, via_proxy=True)
-    silent = []
-    for _ in range(3):
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.RCVHWM, 1)
-        sock.setsockopt(zmq.RCVBUF, 4096)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
-        sock.curve_serverkey = curve.server
-        sock.connect(front)
-        sock.send_multipart([b"", *hello])
-        silent.append(sock)
+    silent = _silent(ctx, front, ring.client_curve("worker-0", 0, via_proxy=True), hello)
     try:
-        pulled = -1
-        while (current := ask(watcher, encode(Status())).round) < cfg.rounds - 2:
-            if current != pulled:
-                for sock in silent:  # asked for, never read
-                    sock.send_multipart([b"", *encode(Pull(round=current, worker=0))])
-                pulled = current
-            time.sleep(0.05)
+        _pull_every_round(watcher, silent, cfg.rounds - 2)
     finally:
         for sock in [watcher, *silent]:
             sock.close(0)
