@@ -32,9 +32,8 @@ guard watches each accepted connection from outside:
   CURVE handshake, so the admission's budgets cannot apply), are bounded by source
   address (``MAX_BARE_PER_SOURCE`` and two per client the node expects: a new one
   beyond is cut at once) and in all (``MAX_BARE`` and four per client: the oldest is
-  cut), and scanned only every ``BARE_SCAN_EVERY``-th
-  interval: a flood of connections that never start a handshake costs the guard little
-  and crowds out no one for long (an honest client's connection delivers its HELLO
+  cut): a flood of connections that never start a handshake costs the guard a bounded
+  scan and crowds out no one for long (an honest client's connection delivers its HELLO
   within milliseconds).
 
 The guard runs in a thread of its own and costs about 4 µs per connection and scan.
@@ -80,11 +79,10 @@ CURVE_HANDSHAKE_MIN = 512
 # being decoded.
 READ_AHEAD_BYTES = 64 * 1024
 # Connections that have delivered nothing yet: at most this many from one source address
-# (a new one beyond is cut), and in all (the oldest is cut), scanned every few intervals;
-# more where a node expects more honest clients at once (bare_bounds).
+# (a new one beyond is cut), and in all (the oldest is cut); more where a node expects
+# more honest clients at once (bare_bounds).
 MAX_BARE_PER_SOURCE = 64
 MAX_BARE = 512
-BARE_SCAN_EVERY = 5
 _TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in struct tcp_info (Linux)
 _TCP_INFO_LENGTH = _TCP_INFO_BYTES_RECEIVED + 8
 
@@ -166,7 +164,6 @@ class InflightGuard:
         # the bare connections (guard thread only): by source, and all of them oldest first
         self._bare_by_source: dict[str, set[int]] = {}
         self._bare: dict[int, None] = {}
-        self._scans = 0
         self._stop = threading.Event()
         self._throttle = LogThrottle()
         self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED)
@@ -278,14 +275,10 @@ class InflightGuard:
                     del self._bare_by_source[conn.source]
 
     def _scan(self, now: float) -> None:
-        self._scans += 1
-        bare_too = self._scans % BARE_SCAN_EVERY == 0
         for inode, conn in list(self._connections.items()):
-            if inode in self._bare and (conn.delivered or conn.cut or bare_too):
-                if conn.delivered or conn.cut or _inode(conn.fd) != inode:
-                    self._forget_bare(inode, conn)
-            elif not bare_too and not conn.delivered:
-                continue  # bare: looked at every BARE_SCAN_EVERY-th scan
+            if inode in self._bare and (conn.delivered or conn.cut
+                                        or _inode(conn.fd) != inode):
+                self._forget_bare(inode, conn)
             if _inode(conn.fd) != inode:  # closed (and its descriptor maybe reused)
                 self._connections.pop(inode, None)
                 continue

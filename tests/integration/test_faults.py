@@ -187,7 +187,8 @@ def test_under_the_default_flags_a_silent_worker_costs_one_deadline(processes, t
         assert closed.count("deadline") == 1, closed  # one deadline, then "present"
         first = closed.index("deadline")
         assert all(r["missing"] == [5] for r in rounds[first:])
-        times = [r["time"] for r in rounds]
-        before = (first - 5) / (times[first - 1] - times[5])
-        after = (119 - first - 1) / (times[119] - times[first + 1])
-        assert after >= 0.5 * before, (before, after)
+        # the rounds' pace: the median time between rounds (robust to a moment in which
+        # this 2-core machine runs something else), after against before
+        gaps = np.diff([r["time"] for r in rounds])
+        before, after = np.median(gaps[5:first - 1]), np.median(gaps[first + 1:])
+        assert after <= 2 * before, (before, after)
