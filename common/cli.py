@@ -1,6 +1,6 @@
 """Click commands built from the settings declarations (``common.settings``).
 
-A :class:`common.settings.Command` (its entry in ``ps.commands.COMMANDS``) names the
+A :class:`common.settings.Command` (its entry in ``common.commands.COMMANDS``) names the
 dataclasses whose settings the command takes; :func:`options_for` adds one click
 option per setting that the command's roles take, with its flag, its ``PS_*``
 variable (shown in ``--help``), its default, choices or range, and help. The

@@ -4,7 +4,7 @@ A key directory holds, for each identity, ``<name>.key`` (the public key) and
 ``<name>.key_secret`` (public and secret key, readable by its owner only), as written by
 ``zmq.auth.create_certificates``. The name says who holds the key and its *scope*: what
 it may reach and send (:meth:`Identity.reaches`, checked by the servers' ZAP handler
-when a connection is made, and by ``server.sessions.check_claim`` for every message):
+when a connection is made, and by ``common.scopes.check_claim`` for every message):
 
 * ``server-<s>``: the server process whose first shard is s (a process is named by its
   first shard, ``common.sharding``; with one shard per process, the server of shard s);

@@ -6,7 +6,7 @@ choices or range, command-line flag, ``PS_*`` environment variable, the roles
 derived from that declaration:
 
 * the click options of every command (``common.cli.options_for``) and so ``--help``,
-  from the one table of which settings classes each command takes (``ps.commands``);
+  from the one table of which settings classes each command takes (``common.commands``);
 * the values a command was given, back as dataclass instances (``take``);
 * the argv a launcher hands a child process (``to_argv``) and the environment a
   compose service gets (``to_environ``);
@@ -178,7 +178,7 @@ def _value_type(hint: Any, where: str) -> tuple[type, bool]:
 @dataclass(frozen=True)
 class Command:
     """One command: the roles it serves and the settings classes it takes (the table of
-    every command is ``ps.commands.COMMANDS``).
+    every command is ``common.commands.COMMANDS``).
 
     ``classes`` is read when asked (a registry, such as the attacks', may have grown);
     ``unset`` names settings the command leaves unset (None) by default, each with the

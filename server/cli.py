@@ -7,11 +7,11 @@ from typing import Any
 import click
 
 from common.cli import settings_command
+from common.commands import COMMANDS
 from common.config import RunConfig
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import take
-from ps.commands import COMMANDS
 from server.options import ServerOptions
 
 COMMAND = COMMANDS["ps-server"]

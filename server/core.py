@@ -68,11 +68,12 @@ from common.protocol import (
     StatusReply,
     Welcome,
 )
+from common.scopes import check_claim
 from common.sharding import format_shard_set
 from server.checkpoint import Checkpoint
 from server.group import ShardGroup
 from server.options import ServerOptions
-from server.sessions import RelayTags, Session, Sessions, check_claim
+from server.sessions import RelayTags, Session, Sessions
 from server.shard import RoundMetrics
 
 if TYPE_CHECKING:

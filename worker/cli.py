@@ -8,12 +8,12 @@ from typing import Any
 import click
 
 from common.cli import settings_command
+from common.commands import COMMANDS
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import take
-from ps.commands import COMMANDS
 from worker.options import ClientOptions, EvalOptions
 
 COMMAND = COMMANDS["ps-worker"]

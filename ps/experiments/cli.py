@@ -16,10 +16,10 @@ import click
 from click.core import ParameterSource
 
 from common.cli import options_for
+from common.commands import COMMANDS
 from common.errors import EXIT_CONFIG, ConfigError, ReferenceMismatch
 from common.process import ProcessOptions, run_process
 from common.rules import RuleError
-from ps.commands import COMMANDS
 from ps.experiments.grid import (
     EXTRA_RULES,
     MNIST_RECIPE,
@@ -87,7 +87,7 @@ OUT_OPTION = click.option(
 
 def grid_options(function: Callable[..., None]) -> Callable[..., None]:
     """The options every built-in grid takes: the run settings it does not vary, declared
-    where every command's are (``ps.commands``: --dataset, --model, --workers, --rounds,
+    where every command's are (``common.commands``: --dataset, --model, --workers, --rounds,
     --data-dir, --eval-every, --eval-samples), and where, how many seeds, which engine."""
     return _decorated(function, [
         OUT_OPTION,

@@ -45,12 +45,12 @@ from typing import Any
 
 from common import plugins
 from common.attacks import ATTACKS, NO_ATTACK
+from common.commands import COMMANDS
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.rules import RuleError
 from common.runfile import read_run_file
 from common.settings import EXPERIMENT, SIMULATE, Command, Declared, check_value, declared
-from ps.commands import COMMANDS
 from ps.experiments.grid import Cell
 
 if sys.version_info >= (3, 11):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from common.cli import settings_command
+from common.commands import COMMANDS
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError, ReferenceMismatch
 from common.keys import SecurityOptions
@@ -20,7 +21,6 @@ from common.metrics import read_jsonl
 from common.process import ProcessOptions, pin_torch_threads, run_process
 from common.settings import take
 from common.sharding import format_shard_set
-from ps.commands import COMMANDS
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
 from worker.options import ClientOptions, EvalOptions

@@ -7,13 +7,13 @@ from typing import Any
 import click
 
 from common.cli import settings_command
+from common.commands import COMMANDS
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.keys import SecurityOptions
 from common.process import ProcessOptions, run_process
 from common.settings import take
 from common.sharding import parse_shard_set
-from ps.commands import COMMANDS
 from ps.proxy.options import ProxyOptions
 
 COMMAND = COMMANDS["ps-proxy"]

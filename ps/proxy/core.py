@@ -62,9 +62,9 @@ from common.protocol import (
     reheaded,
 )
 from common.pushes import PushWindow, check_push
+from common.scopes import check_claim
 from common.sharding import ServerSlices, format_shard_set
 from ps.proxy.corruption import ServerCorruptor
-from server.sessions import check_claim
 
 if TYPE_CHECKING:
     from common.transport import Incoming, Peer

@@ -7,11 +7,11 @@ from typing import Any
 import click
 
 from common.cli import settings_command
+from common.commands import COMMANDS
 from common.config import AttackConfig, RunConfig, write_run_config
 from common.metrics import JsonlWriter
 from common.process import ProcessOptions, run_process
 from common.settings import take
-from ps.commands import COMMANDS
 from ps.reference.options import ReplayOptions
 from worker.options import ClientOptions, EvalOptions
 

@@ -6,7 +6,8 @@ import pytest
 
 from common.keys import Identity
 from common.protocol import ErrorCode, Header, Hello, Pull, Push, Refused, Status
-from server.sessions import MAX_SESSIONS_PER_PRINCIPAL, Session, Sessions, check_claim
+from common.scopes import check_claim
+from server.sessions import MAX_SESSIONS_PER_PRINCIPAL, Session, Sessions
 
 WORKER_1 = Session("worker", 1, None)
 EVALUATOR = Session("evaluator", -1, None)

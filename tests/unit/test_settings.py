@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from common.attacks import ATTACKS, VectorAttack, register_attack
+from common.commands import COMMANDS, command_of
 from common.config import AttackConfig, RunConfig
 from common.keys import SecurityOptions
 from common.rules import RULES, Rule, register_rule
@@ -34,7 +35,6 @@ from common.settings import (
     to_argv,
     to_environ,
 )
-from ps.commands import COMMANDS, command_of
 from ps.deploy.compose import _environment as compose_environment
 from ps.deploy.compose import deployment, service_environments
 from ps.experiments.gridfile import INVOCATION
