@@ -1,9 +1,11 @@
 """Check a containerised run's metrics: the end of ``compose_smoke.sh`` and ``swarm_smoke.sh``.
 
-Usage: ``python3 scripts/check_smoke_metrics.py RUNS ENV_FILE MIN_TOP1 [--workers N]``.
-``RUNS`` holds one directory per service (``<runs>/<service>/<service>.jsonl``: a bind
-mount's directories, or links to the stack's volumes); ``ENV_FILE`` is the run's
-``docker/cluster.env``. It checks that the evaluator reached the last round with a
+Usage: ``python3 scripts/check_smoke_metrics.py RUNS ENV_FILE [ENV_FILE ...] MIN_TOP1
+[--workers N]``. ``RUNS`` holds one directory per service (``<runs>/<service>/<service>.jsonl``:
+a bind mount's directories, or links to the stack's volumes); the ``ENV_FILE`` s are the
+run's settings in the order the generator layered them, later ones overriding earlier
+ones (``docker/cluster.env``, then the experiment's overlay, e.g.
+``docker/experiments/gambler.env``). It checks that the evaluator reached the last round with a
 top-1 of at least ``MIN_TOP1``, that every shard's server wrote every round with finite
 parameters and the shard's final checkpoint (``server-<s>.jsonl`` and ``shard-<s>.npz``
 in the directory of the server process hosting shard s: ``server-<first>/``, found
@@ -24,14 +26,16 @@ import sys
 from typing import Any
 
 
-def read_env(path: str) -> dict[str, str]:
-    """``KEY=value`` lines of an env file (comments and other lines skipped)."""
+def read_env(*paths: str) -> dict[str, str]:
+    """``KEY=value`` lines of env files (comments and other lines skipped), a later
+    file's value of a key overriding an earlier one's."""
     env = {}
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            key, sep, value = line.strip().partition("=")
-            if sep and not key.startswith("#"):
-                env[key] = value
+    for path in paths:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                key, sep, value = line.strip().partition("=")
+                if sep and not key.startswith("#"):
+                    env[key.strip()] = value.strip()
     return env
 
 
@@ -116,12 +120,13 @@ def check(runs: str, env: dict[str, str], min_top1: float,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs")
-    parser.add_argument("env_file")
+    parser.add_argument("env_files", nargs="+", metavar="env_file",
+                        help="the run's env files, later ones overriding earlier ones")
     parser.add_argument("min_top1", type=float)
     parser.add_argument("--workers", type=int, default=None,
                         help="one service per worker: check that each wrote its metrics")
     args = parser.parse_args(argv)
-    lines, problems = check(args.runs, read_env(args.env_file), args.min_top1, args.workers)
+    lines, problems = check(args.runs, read_env(*args.env_files), args.min_top1, args.workers)
     print("\n".join(lines))
     if problems:
         print("problems: " + "; ".join(problems))

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Compose smoke test: build the image, start the docker-compose cluster of
-# docker-compose.yml (4 servers, a gambler proxy in front of server 0, the
-# workers, the evaluator), wait for the run to finish, and check:
+# Compose smoke test: check that the shipped docker-compose.yml is what
+# docker/cluster.env gives (it runs no proxy), generate the gambler experiment
+# (docker/experiments/gambler.env over docker/cluster.env, written to the git-ignored
+# docker/experiments/gambler.compose.yml: 4 servers, a gambler proxy in front of
+# server 0, the workers, the evaluator), build the image, start that cluster, wait
+# for the run to finish, and check:
 #   * inside every node's running container: /keys holds exactly the key files its
 #     identity loads (common.keys.needed_keys) and cannot be written; the root file
 #     system cannot be written; /runs (its own directory) can; no other writable
@@ -40,6 +43,8 @@ project="${PS_COMPOSE_PROJECT:-byzps-smoke}"
 run_timeout_s="${PS_SMOKE_TIMEOUT:-900}"
 min_top1="${PS_SMOKE_MIN_TOP1:-0.5}"
 env_file="docker/cluster.env"
+experiment="docker/experiments/gambler.env"  # its lines override the env file's
+compose_file="docker/experiments/gambler.compose.yml"  # generated here, git-ignored
 SMOKE="compose smoke" SMOKE_SKIP_VAR=PS_COMPOSE_ALLOW_SKIP
 # shellcheck source=scripts/smoke_lib.sh
 source scripts/smoke_lib.sh
@@ -55,11 +60,15 @@ else
 fi
 compose+=(-p "$project")
 
-# --- 2. the compose file matches the env file --------------------------------------
+# --- 2. the shipped compose file matches the env file; the experiment's, generated ----
 python3 docker/gen_compose.py --check >&2
 "${compose[@]}" config -q
+python3 docker/gen_compose.py --experiment "$experiment" -o "$compose_file" >&2
+compose+=(-f "$compose_file")
+"${compose[@]}" config -q
 
-env_value() { sed -n "s/^$1=//p" "$env_file" | tail -n 1; }
+# a setting of the run: the experiment's value, else the env file's
+env_value() { sed -n "s/^$1=//p" "$env_file" "$experiment" | tail -n 1; }
 rounds="$(env_value PS_ROUNDS)"
 
 # --- 3. the image ------------------------------------------------------------------
@@ -105,14 +114,18 @@ timeout 300 "${compose[@]}" up -d --no-build >&2
 say "cluster up in $(elapsed "$t_run") s; waiting for the run to finish (deadline ${run_timeout_s} s)"
 
 # --- 6. what each container can read and write, and what the engine applied ----------
-# per node service: the key files its identity loads (from the compose file's topology)
-mapfile -t wanted < <(python3 - <<'PY'
+# per node service: the key files its identity loads (from the topology the deployed
+# compose file records: its env file and experiment)
+mapfile -t wanted < <(python3 - "$compose_file" <<'PY'
+import sys
+from pathlib import Path
+
 from common.keys import needed_keys
-from ps.deploy.compose import ARGS_MARK, ROOT, deployment, read_env, recorded_options
+from ps.deploy.compose import ARGS_MARK, deployment_of, recorded_options
 from ps.deploy.compose import service_environments
 
-options = recorded_options(ROOT / "docker-compose.yml", ARGS_MARK)
-dep = deployment(read_env(ROOT / options["env_file"]), options)
+options = recorded_options(Path(sys.argv[1]), ARGS_MARK)
+dep = deployment_of(options)
 for name in service_environments(dep):
     files = needed_keys(name, dep.cfg.num_shards, dep.cfg.num_workers, dep.proxied)
     print(name, *sorted(files))
@@ -219,7 +232,8 @@ usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
   echo "$svc=${limit_of[$svc]}"; done)
 
 # --- 8. check the metrics on the host ----------------------------------------------
-result="$(python3 scripts/check_smoke_metrics.py "$PS_RUNS_DIR" "$env_file" "$min_top1")" || {
+result="$(python3 scripts/check_smoke_metrics.py "$PS_RUNS_DIR" "$env_file" "$experiment" \
+  "$min_top1")" || {
   echo "$result" >&2
   echo "FAILED compose smoke: the metrics do not pass (see above)" >&2
   exit 1

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Swarm smoke test: deploy docker/stack.yml (4 servers, a gambler proxy in front of
-# server 0, one service per worker, the evaluator: docker/cluster.env) as a Docker
-# Swarm stack on this machine, and check:
+# Swarm smoke test: check that the shipped docker/stack.yml is what docker/cluster.env
+# gives (it runs no proxy), generate the gambler experiment's stack
+# (docker/experiments/gambler.env over docker/cluster.env, written to the git-ignored
+# docker/experiments/gambler.stack.yml: 4 servers, a gambler proxy in front of server 0,
+# one service per worker, the evaluator), deploy it as a Docker Swarm stack on this
+# machine, and check:
 #   * the keys arrive as secrets: each service's /run/secrets/keys holds exactly the
 #     key files the stack gives it (a worker: its own secret key, no other), and no
 #     environment holds key material; the root file system is read-only and /runs (the
@@ -40,9 +43,10 @@ stack="${PS_SWARM_STACK:-byzps-smoke}"
 run_timeout_s="${PS_SMOKE_TIMEOUT:-900}"
 min_top1="${PS_SMOKE_MIN_TOP1:-0.5}"
 env_file="docker/cluster.env"
-stack_file="docker/stack.yml"
+experiment="docker/experiments/gambler.env"  # its lines override the env file's
+stack_file="docker/experiments/gambler.stack.yml"  # generated here, git-ignored
+export PS_STACK_FILE="$repo/$stack_file"  # the stack scripts/swarm_secrets.sh reads
 volume_prefix="${stack}_runs-"  # <stack>_runs-<service>: each service's own volume
-max_attempts="$(sed -n 's/.*max_attempts: \([0-9]*\).*/\1/p' "$stack_file" | head -n 1)"
 SMOKE="swarm smoke" SMOKE_SKIP_VAR=PS_SWARM_ALLOW_SKIP
 # shellcheck source=scripts/smoke_lib.sh
 source scripts/smoke_lib.sh
@@ -50,9 +54,13 @@ source scripts/smoke_lib.sh
 # --- 1. a Docker engine and the base image -------------------------------------------
 ensure_engine_and_base_image
 
-# --- 2. the stack file matches the env file ----------------------------------------
+# --- 2. the shipped stack file matches the env file; the experiment's, generated ------
 python3 docker/gen_stack.py --check >&2
-env_value() { sed -n "s/^$1=//p" "$env_file" | tail -n 1; }
+python3 docker/gen_stack.py --experiment "$experiment" -o "$stack_file" >&2
+max_attempts="$(sed -n 's/.*max_attempts: \([0-9]*\).*/\1/p' "$stack_file" | head -n 1)"
+[ -n "$max_attempts" ] || fail "no max_attempts in $stack_file"
+# a setting of the run: the experiment's value, else the env file's
+env_value() { sed -n "s/^$1=//p" "$env_file" "$experiment" | tail -n 1; }
 rounds="$(env_value PS_ROUNDS)"
 workers="$(env_value PS_WORKERS)"
 
@@ -292,7 +300,8 @@ usage_table $(for svc in $(printf '%s\n' "${!limit_of[@]}" | sort -V); do
   echo "$svc=${limit_of[$svc]}"; done)
 
 # --- 8. check the metrics in the volumes ---------------------------------------------
-result="$(python3 scripts/check_smoke_metrics.py "$links" "$env_file" "$min_top1" --workers "$workers")" || {
+result="$(python3 scripts/check_smoke_metrics.py "$links" "$env_file" "$experiment" "$min_top1" \
+  --workers "$workers")" || {
   echo "$result" >&2
   fail "the metrics do not pass (see above)"
 }

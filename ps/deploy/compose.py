@@ -41,16 +41,24 @@ Usage (from the repository root)::
     python3 docker/gen_compose.py --server-processes 2   # S shards on 2 server processes
     python3 docker/gen_compose.py --proxy-shards 0,1     # proxies before 2 servers
     python3 docker/gen_compose.py --byzantine-workers 7 --worker-attack gaussian
+    python3 docker/gen_compose.py --experiment docker/experiments/gambler.env \
+        -o docker/experiments/gambler.compose.yml        # an experiment's overlay on top
     python3 docker/gen_compose.py --check                # exit 1 if the file is stale
 
-The options given are recorded in the generated file's header, and ``--check``
-regenerates with them to compare.
+An experiment file (``--experiment``, e.g. ``docker/experiments/gambler.env``) holds
+``KEY=VALUE`` lines that override the env file's: the shipped files run no attack and
+hold no proxy, and an experiment that wants a man-in-the-middle names its
+``PS_PROXY_ATTACK`` there. The options given are recorded in the generated file's
+header, and ``--check`` regenerates with them to compare. The host paths of a compose
+file (its build context, the runs directory's default) are relative to the file's own
+directory, so a file written anywhere (``-o``) works from where it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -93,18 +101,26 @@ PORT = 5550
 READY_FILE = Path("/tmp/ps-ready")
 OUT_DIR = Path("/runs")  # in a node's container: its own directory
 KEYS_DIR = Path("/keys")  # in a node's container: its own key bundle, read-only
-RUNS_HOST = "${PS_RUNS_DIR:-./runs/compose}"  # on the host: one directory per service
+RUNS_DEFAULT = "runs/compose"  # on the host, under the repository root: one directory per service
 ALL_KEYS_DIR = "/tmp/keys"  # in the keys container's tmpfs: the full set, never on disk
 SETUP_SERVICES = ("runs-dir", "keys")
 ARGS_MARK = "# gen_compose.py options: "
 SCRIPT = "docker/gen_compose.py"
 RESTART_POLICY = "on-failure:3"  # a node that died comes back (not a finished one)
+# The topology options of a generated file, as recorded in its header when not given
+DEFAULT_OPTIONS: dict[str, Any] = {"env_file": DEFAULT_ENV, "experiment": None,
+                                   "proxy_shards": [0], "byzantine_workers": [],
+                                   "worker_attack": "gaussian"}
 
 
 def read_env(path: Path) -> dict[str, str]:
     """``KEY=VALUE`` lines of an env file (comments and blank lines skipped)."""
     values = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such env file") from None
+    for number, line in enumerate(text.splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -113,6 +129,25 @@ def read_env(path: Path) -> dict[str, str]:
             raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
         values[key.strip()] = value.strip()
     return values
+
+
+def layers(options: Mapping[str, Any]) -> list[str]:
+    """The env files of the recorded ``options``, in the order they apply: the env file,
+    then the experiment's overlay if any (paths relative to the repository root)."""
+    return [options["env_file"], *([options["experiment"]] if options.get("experiment") else [])]
+
+
+def options_env(options: Mapping[str, Any]) -> dict[str, str]:
+    """The settings of the recorded ``options``: the env file's ``KEY=VALUE`` lines with
+    the experiment file's on top; a key that is no setting is refused naming its file."""
+    files = {path: read_env(ROOT / path) for path in layers(options)}
+    env = {k: v for values in files.values() for k, v in values.items()}
+    for path, values in files.items():
+        unknown = unknown_settings(values, env)
+        if unknown:
+            raise ConfigError(f"{path}: not a setting: {', '.join(unknown)} "
+                              "(see `ps-cluster --help`)")
+    return env
 
 
 def set_env_values(path: Path, updates: Mapping[str, int | str]) -> None:
@@ -180,14 +215,20 @@ def server_blocks_of(env: Mapping[str, str], num_shards: int) -> tuple[ShardSet,
     return tuple(options.blocks(num_shards, DEPLOYED_SERVER_PROCESSES))
 
 
+def unknown_settings(keys: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """The ``keys`` that are no setting of the commands the containers run (nor
+    ``PS_SERVER_PROCESSES``); a plugin ``env`` names by dotted path is loaded first, so
+    that its settings are known."""
+    plugins.load_named(plugins.scan_argv([], env))
+    known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
+    known.add(SERVER_PROCESSES.env)
+    return sorted(k for k in keys if k not in known)
+
+
 def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment:
     """Parse and validate the env file's settings and the topology options (a plugin the
     env file names by dotted path is loaded from here first: its settings are known)."""
-    plugins.load_named(plugins.scan_argv([], env))
-    # an env file may set the settings of the commands the containers run
-    known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
-    known.add(SERVER_PROCESSES.env)
-    unknown = sorted(k for k in env if k not in known)
+    unknown = unknown_settings(env, env)
     if unknown:
         raise ConfigError(f"not a setting: {', '.join(unknown)} (see `ps-cluster --help`)")
     cfg = from_environ(RunConfig, env, ROLES).validate()
@@ -219,6 +260,12 @@ def deployment(env: Mapping[str, str], options: Mapping[str, Any]) -> Deployment
     return Deployment(cfg, attack, env, server_blocks_of(env, cfg.num_shards))
 
 
+def deployment_of(options: Mapping[str, Any]) -> Deployment:
+    """The deployment a generated file's recorded ``options`` describe (its env file and
+    experiment read now)."""
+    return deployment(options_env(options), options)
+
+
 def server_options(dep: Deployment, **fixed: Any) -> ServerOptions:
     """A server's settings from the env file; the default round deadline yields to a
     proxy attack that holds each round until all n pushes are in (as in ps-cluster)."""
@@ -232,17 +279,66 @@ def endpoint(host: str) -> str:
     return f"tcp://{host}:{PORT}"
 
 
-def command_for(options: dict, script: str = SCRIPT) -> str:
-    """The command line of generator ``script`` that reproduces ``options``."""
+def command_for(options: Mapping[str, Any], script: str = SCRIPT,
+                output: str | None = None, default_output: str = DEFAULT_OUTPUT) -> str:
+    """The command line of generator ``script`` that reproduces ``options``, writing
+    ``output`` (given when not ``default_output``, the generator's default)."""
     parts = [f"python3 {script}"]
     if options["env_file"] != DEFAULT_ENV:
         parts.append(f"--env-file {options['env_file']}")
+    if options.get("experiment"):
+        parts.append(f"--experiment {options['experiment']}")
     if options["proxy_shards"] != [0]:
         parts.append(f"--proxy-shards '{','.join(map(str, options['proxy_shards']))}'")
     if options["byzantine_workers"]:
         parts.append(f"--byzantine-workers {','.join(map(str, options['byzantine_workers']))}"
                      f" --worker-attack {options['worker_attack']}")
+    if output is not None and display_path(output) != display_path(default_output):
+        parts.append(f"-o {display_path(output)}")
     return " ".join(parts)
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` (relative to the repository root, or absolute) as a generated file names
+    it: relative to the root when inside it, else absolute."""
+    full = (ROOT / path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(full)
+
+
+def root_from(output: str | Path) -> str:
+    """The repository root as seen from the directory of the generated file ``output``
+    (a relative path: ``.`` for a file at the root); docker-compose reads the paths of a
+    file relative to the file's own directory."""
+    return os.path.relpath(ROOT, (ROOT / output).resolve().parent)
+
+
+def runs_host(output: str | Path = DEFAULT_OUTPUT) -> str:
+    """The host's runs directory in the compose file ``output``: ``PS_RUNS_DIR``, by
+    default ``runs/compose`` of the repository, relative to the file's directory."""
+    root = root_from(output)
+    return "${PS_RUNS_DIR:-" + ("./" if root == "." else root + "/") + RUNS_DEFAULT + "}"
+
+
+def sources_text(options: Mapping[str, Any]) -> str:
+    """The env file, and the experiment on top: ``a.env + b.env``."""
+    return " + ".join(layers(options))
+
+
+def generated_lines(options: Mapping[str, Any], script: str, docs: str) -> list[str]:
+    """The header's first lines: which generator wrote the file from which env files."""
+    if not options.get("experiment"):
+        return [f"# GENERATED by {script} from {options['env_file']}: edit that file",
+                "# (run configuration, attack, timeouts) and rerun the generator; "
+                f"see {docs}."]
+    return [f"# GENERATED by {script} from {options['env_file']}",
+            f"# + {options['experiment']} (an experiment's overlay): edit those files",
+            f"# (run configuration, attack, timeouts) and rerun the generator; see {docs}."]
+
+
+def proxies_text(dep: Deployment) -> str:
+    """The header's proxies: ``proxies before shards 0,1``, or ``no proxy``."""
+    shards = dep.attack.proxy_shards
+    return f"proxies before shards {','.join(map(str, shards))}" if shards else "no proxy"
 
 
 def _environment(role: str, *settings: Any) -> dict[str, str]:
@@ -400,25 +496,26 @@ def runs_dir_script(dep: Deployment) -> str:
     ])
 
 
-def render(dep: Deployment, options: dict) -> str:
-    """The compose file of ``dep`` with the given topology options."""
-    cfg, attack = dep.cfg, dep.attack
+def render(dep: Deployment, options: Mapping[str, Any], output: str = DEFAULT_OUTPUT) -> str:
+    """The compose file of ``dep`` with the given topology options, to be written to
+    ``output`` (relative to the repository root: its host paths are relative to it)."""
+    cfg = dep.cfg
     n = cfg.num_workers
     byzantine = options["byzantine_workers"]
     sizes = deployment_sizes(dep)
     limits = service_limits(dep, sizes)
+    runs = runs_host(output)
+    output = display_path(output)
     out = [
-        "# GENERATED by docker/gen_compose.py from " + options["env_file"] + ": edit that file",
-        "# (run configuration, attack, timeouts) and rerun the generator; see docs/docker.md.",
-        f"# Topology: {topology_text(dep)}, {n} workers, proxies before shards "
-        f"{','.join(map(str, attack.proxy_shards)) or '(none)'}"
+        *generated_lines(options, SCRIPT, "docs/docker.md"),
+        f"# Topology: {topology_text(dep)}, {n} workers, {proxies_text(dep)}"
         + (f", Byzantine workers {','.join(map(str, byzantine))} ({options['worker_attack']})"
            if byzantine else "") + ", one evaluator.",
-        "# Regenerate: " + command_for(options),
+        "# Regenerate: " + command_for(options, SCRIPT, output),
         ARGS_MARK + json.dumps(options, sort_keys=True),
         "#",
         "# Each node's container mounts its own key bundle read-only at /keys and its own",
-        f"# directory {RUNS_HOST}/<service> at /runs, nothing else writable;",
+        f"# directory {runs}/<service> at /runs, nothing else writable;",
         f"# memory limits for d = {sizes.num_params:,} parameters (ps/deploy/resources.py).",
         "# File format 2.4: `depends_on` with a `condition:` works with docker-compose v1",
         "# (1.29+) and with `docker compose` v2.",
@@ -460,7 +557,7 @@ def render(dep: Deployment, options: dict) -> str:
         "  runs-dir:",
         "    <<: *node",
         "    build:",
-        "      context: .",
+        f"      context: {root_from(output)}",
         "      args:",
         "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}",
         '    user: "0:0"',
@@ -468,15 +565,17 @@ def render(dep: Deployment, options: dict) -> str:
         "    network_mode: none",
         *_limits(limits["runs-dir"]),
         "    volumes:",
-        f"      - {RUNS_HOST}:{OUT_DIR}",
+        f"      - {runs}:{OUT_DIR}",
         "    command:",
         "      - sh",
         "      - -c",
         "      - |",
         *[f"        {line}" for line in runs_dir_script(dep).splitlines()],
         "",
-        "  # the run's CURVE keys, new for every `up` (the proxy's key exists only because",
-        "  # this cluster is a test bed for the man-in-the-middle): the full set in this",
+        *(["  # the run's CURVE keys, new for every `up` (a proxy's key only because this",
+           "  # experiment runs a man-in-the-middle test proxy): the full set in this"]
+          if dep.proxied else
+          ["  # the run's CURVE keys, new for every `up`: the full set in this"]),
         f"  # container's tmpfs ({ALL_KEYS_DIR}, gone with it), and keys/<identity>/ holding",
         "  # exactly what that identity's process loads, for its container alone",
         "  keys:",
@@ -484,7 +583,7 @@ def render(dep: Deployment, options: dict) -> str:
         "    network_mode: none",
         *_limits(limits["keys"]),
         "    volumes:",
-        f"      - {RUNS_HOST}/keys:{KEYS_DIR}",
+        f"      - {runs}/keys:{KEYS_DIR}",
         f"    command: [ps-keys, --force, --dir, {ALL_KEYS_DIR}, --bundles, {KEYS_DIR}, "
         + ", ".join(a if a.startswith("--") else f"'{a}'" for a in keys_arguments(dep)) + "]",
         "    depends_on:",
@@ -501,8 +600,8 @@ def render(dep: Deployment, options: dict) -> str:
         out += [f"  {name}:", "    <<: *node", f"    command: [{command}]",
                 f'    restart: "{RESTART_POLICY}"', *_limits(limits[name]),
                 "    volumes:",
-                f"      - {RUNS_HOST}/{name}:{OUT_DIR}",
-                f"      - {RUNS_HOST}/keys/{name}:{KEYS_DIR}:ro",
+                f"      - {runs}/{name}:{OUT_DIR}",
+                f"      - {runs}/keys/{name}:{KEYS_DIR}:ro",
                 "    environment:", "      <<: *run"]
         out += [f'      {k}: "{v}"' for k, v in env.items()]
         kind = name.split("-")[0]
@@ -541,6 +640,10 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-file", default=DEFAULT_ENV,
                         help="env file holding the run's settings, relative to the "
                         f"repository root (default {DEFAULT_ENV})")
+    parser.add_argument("--experiment", default=None, metavar="FILE",
+                        help="an experiment's env file whose KEY=VALUE lines override the "
+                        "env file's (e.g. docker/experiments/gambler.env: the gambler "
+                        "proxy), relative to the repository root")
     parser.add_argument("--proxy-shards", type=int_list, default=[0],
                         help="shards with a ps-proxy in front when the env file names a "
                         "PS_PROXY_ATTACK (comma-separated, '' for none; default 0); with "
@@ -555,6 +658,7 @@ def topology_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options of :func:`add_topology_arguments` as recorded in a generated file."""
     return {
         "env_file": args.env_file,
+        "experiment": args.experiment or None,
         "proxy_shards": sorted(set(args.proxy_shards)),
         "byzantine_workers": sorted(set(args.byzantine_workers)),
         "worker_attack": args.worker_attack,
@@ -566,7 +670,7 @@ def recorded_options(path: Path, mark: str) -> dict[str, Any] | None:
     recorded = None
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith(mark):
-            recorded = json.loads(line[len(mark):])
+            recorded = {**DEFAULT_OPTIONS, **json.loads(line[len(mark):])}
     return recorded
 
 
@@ -609,17 +713,20 @@ def generator_options(args: argparse.Namespace, mark: str, script: str,
 
 
 def check_or_write(args: argparse.Namespace, dep: Deployment, options: dict[str, Any],
-                   text: str, script: str) -> int:
+                   text: str, script: str, default_output: str = DEFAULT_OUTPUT) -> int:
     """Write ``text`` to ``args.output``, or with ``--check`` exit 1 if it holds other text."""
     output = ROOT / args.output
     servers, n = topology_text(dep), dep.cfg.num_workers
     if args.check:
         if output.read_text(encoding="utf-8") != text:
-            print(f"{args.output} is stale: it differs from what {options['env_file']} "
-                  f"gives now; rerun: {command_for(options, script)}", file=sys.stderr)
+            print(f"{args.output} is stale: it differs from what {sources_text(options)} "
+                  f"gives now; rerun: "
+                  f"{command_for(options, script, args.output, default_output)}",
+                  file=sys.stderr)
             return 1
         print(f"{args.output} is up to date ({servers}, {n} workers)")
         return 0
+    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     print(f"wrote {args.output}: {servers}, {n} workers, "
           f"proxies before {list(dep.attack.proxy_shards) or 'no shard'}, "
@@ -632,7 +739,7 @@ def _generate(args: argparse.Namespace) -> int:
     if options is None:
         return 1
     env_path = ROOT / options["env_file"]
-    env = read_env(env_path)
+    env = options_env(options)
     updates: dict[str, int] = {}
     if not args.check:
         given = {"PS_WORKERS": args.workers, "PS_SHARDS": args.shards,
@@ -641,8 +748,13 @@ def _generate(args: argparse.Namespace) -> int:
     for key, value in updates.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
+    if options["experiment"]:
+        overlaid = sorted(set(updates) & set(read_env(ROOT / options["experiment"])))
+        if overlaid:  # the env file's new value would not count
+            raise ConfigError(f"{', '.join(overlaid)} is set by the experiment file "
+                              f"{options['experiment']}: change it there")
     env = {**env, **{k: str(v) for k, v in updates.items()}}
     dep = deployment(env, options)  # a refused topology leaves the env file as it was
     if updates:
         set_env_values(env_path, updates)
-    return check_or_write(args, dep, options, render(dep, options), SCRIPT)
+    return check_or_write(args, dep, options, render(dep, options, args.output), SCRIPT)

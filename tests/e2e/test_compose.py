@@ -4,8 +4,9 @@
   ``docker-compose.yml`` is what ``docker/gen_compose.py`` makes of
   ``docker/cluster.env``, so n and S cannot drift apart from the run config.
 * ``test_compose_smoke`` (``-m e2e``; needs Docker, minutes): runs
-  ``scripts/compose_smoke.sh``, which builds the image, trains the default
-  cluster under the gambler attack and checks accuracy and corruption.
+  ``scripts/compose_smoke.sh``, which builds the image, trains the gambler
+  experiment's cluster (``docker/experiments/gambler.env``) and checks accuracy
+  and corruption.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ def test_compose_file_matches_env_file() -> None:
 
 
 def test_empty_proxy_shards_means_no_proxy(tmp_path: Path) -> None:
-    """``--proxy-shards ''`` (docs/docker.md: no proxy) drops the proxy even though
-    docker/cluster.env names a proxy attack: every worker talks to every server."""
+    """``--proxy-shards ''`` (docs/docker.md: no proxy) drops the proxy even though the
+    gambler experiment names a proxy attack: every worker talks to every server."""
     out = tmp_path / "compose.yml"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "docker" / "gen_compose.py"), "--proxy-shards", "",
-         "-o", str(out)], capture_output=True, text=True, timeout=60, check=False)
+        [sys.executable, str(ROOT / "docker" / "gen_compose.py"), "--experiment",
+         "docker/experiments/gambler.env", "--proxy-shards", "", "-o", str(out)],
+        capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert "proxy-0:" not in text and "tcp://proxy-0" not in text

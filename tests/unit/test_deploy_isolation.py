@@ -1,7 +1,9 @@
 """What each container of the deployments can read and write, and what it may use.
 
 Reads the committed ``docker-compose.yml`` and ``docker/stack.yml`` (parsed as YAML, so
-what is tested is what Docker reads) and checks, for every service:
+what is tested is what Docker reads), and the compose file of the gambler experiment
+(``docker/experiments/gambler.env``: a proxy before server 0) as the generator writes
+it, and checks, for every service:
 
 * keys: a node mounts only its own key bundle, read-only, holding exactly
   ``common.keys.needed_keys`` for its identity (``ps-keys --bundles`` writes them: run
@@ -33,7 +35,7 @@ import pytest
 
 from common.keys import SECRET_SUFFIX, KeyRing, needed_keys
 from ps.deploy import resources
-from ps.deploy.compose import deployment, read_env
+from ps.deploy.compose import deployment_of, render
 from ps.keys.cli import main as keys_main
 
 yaml = pytest.importorskip("yaml")
@@ -41,27 +43,35 @@ yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "docker" / "cluster.env"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
-DEFAULT = {"env_file": "docker/cluster.env", "proxy_shards": [0], "byzantine_workers": [],
-           "worker_attack": "gaussian"}
+DEFAULT = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],
+           "byzantine_workers": [], "worker_attack": "gaussian"}
+GAMBLER = {**DEFAULT, "experiment": "docker/experiments/gambler.env"}
+KINDS = {"shipped": DEFAULT, "gambler": GAMBLER}
 RUNS = "${PS_RUNS_DIR:-./runs/compose}"
 NODE_ROLES = ("server", "proxy", "worker", "evaluator")
 
 
-def _compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+def _compose(kind: str = "shipped") -> dict[str, Any]:
+    """The services of the committed compose file, or of the gambler experiment's (as
+    the generator writes it at the repository root)."""
+    if kind == "shipped":
+        text = (ROOT / "docker-compose.yml").read_text()
+    else:
+        text = render(deployment_of(KINDS[kind]), KINDS[kind])
+    return yaml.safe_load(text)["services"]
 
 
 def _stack() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "docker" / "stack.yml").read_text())
 
 
-def _dep() -> Any:
-    return deployment(read_env(ENV_FILE), DEFAULT)
+def _dep(kind: str = "shipped") -> Any:
+    return deployment_of(KINDS[kind])
 
 
-def _topology() -> tuple[int, int, list[int]]:
-    dep = _dep()
-    return dep.cfg.num_shards, dep.cfg.num_workers, list(dep.attack.proxy_shards)
+def _topology(kind: str = "shipped") -> tuple[int, int, list[int]]:
+    dep = _dep(kind)
+    return dep.cfg.num_shards, dep.cfg.num_workers, list(dep.proxied)
 
 
 def _nodes(services: dict[str, Any]) -> dict[str, Any]:
@@ -90,10 +100,12 @@ def _mount(spec: str) -> tuple[str, str, str]:
 
 # --- compose: keys -------------------------------------------------------------------
 
-def test_compose_nodes_mount_only_their_own_key_bundle_read_only() -> None:
-    services = _compose()
+@pytest.mark.parametrize("kind", KINDS)
+def test_compose_nodes_mount_only_their_own_key_bundle_read_only(kind: str) -> None:
+    services = _compose(kind)
     nodes = _nodes(services)
-    s, n, proxies = _topology()
+    s, n, proxies = _topology(kind)
+    assert bool(proxies) == (kind == "gambler")
     assert set(nodes) == {*(f"server-{k}" for k in range(s)), *(f"proxy-{k}" for k in proxies),
                           *(f"worker-{i}" for i in range(n)), "evaluator"}
     for name, service in nodes.items():
@@ -103,11 +115,13 @@ def test_compose_nodes_mount_only_their_own_key_bundle_read_only() -> None:
         assert service["environment"]["PS_KEYS"] == "/keys"
 
 
-def test_compose_keys_service_writes_bundles_of_exactly_the_needed_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_compose_keys_service_writes_bundles_of_exactly_the_needed_keys(
+        kind: str, tmp_path: Path) -> None:
     """The keys service's own command, run here: the full set goes where no container
     mounts it (the keys container's /tmp), and each identity's bundle holds exactly
     ``needed_keys``, with modes KeyRing accepts."""
-    keys = _compose()["keys"]
+    keys = _compose(kind)["keys"]
     assert [_mount(v) for v in keys["volumes"]] == [(f"{RUNS}/keys", "/keys", "rw")]
     command = keys["command"]
     command = shlex.split(command) if isinstance(command, str) else list(command)
@@ -121,8 +135,8 @@ def test_compose_keys_service_writes_bundles_of_exactly_the_needed_keys(tmp_path
     with pytest.raises(SystemExit) as done:
         keys_main(args)
     assert done.value.code == 0
-    s, n, proxies = _topology()
-    for name in _nodes(_compose()):
+    s, n, proxies = _topology(kind)
+    for name in _nodes(_compose(kind)):
         bundle = tmp_path / "bundles" / name
         wanted = needed_keys(name, s, n, proxies)
         assert sorted(os.listdir(bundle)) == sorted(wanted), name
@@ -156,8 +170,9 @@ def test_ps_keys_bundles_remove_stale_keys_and_refuse_without_force(tmp_path: Pa
 
 # --- compose: files ------------------------------------------------------------------
 
-def test_compose_each_node_writes_only_its_own_directory() -> None:
-    services = _compose()
+@pytest.mark.parametrize("kind", KINDS)
+def test_compose_each_node_writes_only_its_own_directory(kind: str) -> None:
+    services = _compose(kind)
     writable: dict[str, list[str]] = {}
     for name, service in _nodes(services).items():
         mounts = [_mount(v) for v in service["volumes"]]
@@ -180,10 +195,11 @@ def test_compose_each_node_writes_only_its_own_directory() -> None:
     assert not any(p.startswith(f"{RUNS}/keys") for ps in writable.values() for p in ps)
 
 
-def test_compose_every_up_is_a_new_run() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_compose_every_up_is_a_new_run(kind: str) -> None:
     """The runs-dir service creates every service's directory and removes the servers'
     checkpoints before the keys service (and so any node) starts."""
-    services = _compose()
+    services = _compose(kind)
     runs_dir = services["runs-dir"]
     assert [_mount(v) for v in runs_dir["volumes"]] == [(RUNS, "/runs", "rw")]
     script = runs_dir["command"][-1]
@@ -204,9 +220,10 @@ def test_compose_every_up_is_a_new_run() -> None:
 
 # --- compose: limits -----------------------------------------------------------------
 
-def test_compose_limits_logging_and_read_only_root() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_compose_limits_logging_and_read_only_root(kind: str) -> None:
     sizes = _sizes()
-    for name, service in _compose().items():
+    for name, service in _compose(kind).items():
         role = resources.role_of(name)
         expected = resources.memory_limit(role, sizes)
         assert _bytes(service["mem_limit"]) == expected, name
@@ -255,11 +272,11 @@ def _blocks_compose(tmp_path: Path, processes: int = 2,
     env_file.write_text(ENV_FILE.read_text())
     set_env_values(env_file, env)
     out = tmp_path / "compose.yml"
-    assert main(["--env-file", str(env_file), "-o", str(out),
-                 "--server-processes", str(processes)]) == 0
+    assert main(["--env-file", str(env_file), "--experiment", GAMBLER["experiment"],
+                 "-o", str(out), "--server-processes", str(processes)]) == 0
     assert f"PS_SERVER_PROCESSES={processes}\n" in env_file.read_text()
     assert main(["--check", "-o", str(out)]) == 0
-    dep = deployment(read_env(env_file), {**DEFAULT, "env_file": str(env_file)})
+    dep = deployment_of({**GAMBLER, "env_file": str(env_file)})
     return dep, yaml.safe_load(out.read_text())["services"]
 
 
@@ -269,6 +286,8 @@ def test_compose_two_server_processes_keys_and_directories(tmp_path: Path) -> No
     gives its name, which the keys service's own command writes; runs-dir makes a
     directory for each of them and no other."""
     dep, services = _blocks_compose(tmp_path)
+    # the file is in tmp_path: its runs directory's default is the repository's, from there
+    runs = "${PS_RUNS_DIR:-" + os.path.relpath(ROOT / "runs" / "compose", tmp_path) + "}"
     nodes = _nodes(services)
     assert set(nodes) == {"server-0", "server-2", "proxy-0", "evaluator",
                           *(f"worker-{i}" for i in range(8))}
@@ -284,7 +303,7 @@ def test_compose_two_server_processes_keys_and_directories(tmp_path: Path) -> No
     assert set(services["proxy-0"]["depends_on"]) == {"server-0"}
     for name, service in nodes.items():
         assert [_mount(v) for v in service["volumes"]] == [
-            (f"{RUNS}/{name}", "/runs", "rw"), (f"{RUNS}/keys/{name}", "/keys", "ro")], name
+            (f"{runs}/{name}", "/runs", "rw"), (f"{runs}/keys/{name}", "/keys", "ro")], name
     script = services["runs-dir"]["command"][-1]
     assert sorted(script.split("for d in ", 1)[1].split(";", 1)[0].split()) == sorted(nodes)
     # the keys service's command, run here: a proxy key for the process it fronts

@@ -85,3 +85,25 @@ def test_a_missing_metrics_file_ends_the_check(tmp_path: Path) -> None:
     (runs / "evaluator" / "evaluator.jsonl").unlink()
     with pytest.raises(SystemExit, match=r"evaluator\.jsonl is missing"):
         _check(tmp_path, runs)
+
+
+def test_later_env_files_override_earlier_ones(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The smoke tests pass the env file, then the experiment's overlay: the overlay's
+    proxy attack counts (no proxy metrics: a failure), and its other settings too."""
+    runs = _run(tmp_path, ENV + "PS_PROXY_ATTACK=none\n")
+    assert _check(tmp_path, runs) == 0
+    overlay = tmp_path / "gambler.env"
+    overlay.write_text("# the experiment\nPS_PROXY_ATTACK=gambler\nPS_GAMBLER_P=0.0005\n")
+    capsys.readouterr()
+    assert main([str(runs), str(tmp_path / "cluster.env"), str(overlay), "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert "proxy attack gambler (p=0.0005)" in out
+    assert "no proxy-*.jsonl: did the proxy run?" in out
+    _write(runs, "proxy-0", [{"round": 0, "corrupted_values": 7}])
+    assert main([str(runs), str(tmp_path / "cluster.env"), str(overlay), "0.5"]) == 0
+    assert "corrupted values: proxy-0 7" in capsys.readouterr().out
+    overlay.write_text("PS_ROUNDS=4\n")  # the overlay's rounds: the run has 3
+    assert main([str(runs), str(tmp_path / "cluster.env"), str(overlay), "0.5"]) == 1
+    assert "the evaluator's last round is 3, expected 4" in capsys.readouterr().out
+

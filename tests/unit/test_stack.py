@@ -3,8 +3,11 @@
 The stack is derived from ``docker/cluster.env`` like the compose file: the services
 (one per worker, its id fixed), the keys as secrets (each service exactly the key files
 its process loads, none in an environment), placement, restart policy and volumes;
-``docker/gen_stack.py --check`` keeps the committed file current. (What each container
-can read and write and its limits: ``tests/unit/test_deploy_isolation.py``.)
+``docker/gen_stack.py --check`` keeps the committed file current. Most tests here read
+the gambler experiment (``docker/experiments/gambler.env`` over the env file: a proxy in
+front of server 0), the shipped file having none. (What each container can read and
+write and its limits: ``tests/unit/test_deploy_isolation.py``; the shipped files and
+the experiments: ``tests/unit/test_deploy_experiment.py``.)
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import pytest
 from common.errors import ConfigError
 from common.keys import KeyRing, create_keys, needed_keys
 from common.sharding import parse_servers
-from ps.deploy.compose import Deployment, deployment, read_env, service_environments
+from ps.deploy.compose import (
+    Deployment,
+    deployment,
+    deployment_of,
+    options_env,
+    service_environments,
+)
 from ps.deploy.stack import (
     ARGS_MARK,
     KEYS_MARK,
@@ -37,13 +46,15 @@ from server.options import ServerOptions
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "docker" / "cluster.env"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
-DEFAULT = {"env_file": "docker/cluster.env", "proxy_shards": [0], "byzantine_workers": [],
-           "worker_attack": "gaussian"}
+SHIPPED = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],
+           "byzantine_workers": [], "worker_attack": "gaussian"}
+# the gambler experiment: a proxy (and its key) before server 0
+DEFAULT = {**SHIPPED, "experiment": "docker/experiments/gambler.env"}
 Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 
 
 def _dep(**options: Any) -> Deployment:
-    return deployment(read_env(ENV_FILE), {**DEFAULT, **options})
+    return deployment_of({**DEFAULT, **options})
 
 
 def _services(**options: Any) -> dict[str, Any]:
@@ -74,12 +85,12 @@ def test_services_replicas_and_network() -> None:
     assert services["proxy-0"]["environment"]["PS_PROXY_ATTACK"] == "gambler"
     assert "healthcheck" in services["server-0"] and "healthcheck" not in services["worker-0"]
 
-    env = {**read_env(ENV_FILE), "PS_PROXY_ATTACK": "none"}
-    no_proxy = stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))["services"]
-    assert "proxy-0" not in no_proxy
-    assert no_proxy["worker-0"]["environment"]["PS_SERVERS"].startswith("tcp://server-0:5550")
-    assert "proxy-0.key" not in stack_spec(deployment(env, {**DEFAULT, "proxy_shards": []}))[
-        "secrets"]
+    for options in ({**DEFAULT, "proxy_shards": []}, SHIPPED):  # no proxy, no proxy key
+        no_proxy = stack_spec(deployment_of(options))
+        assert "proxy-0" not in no_proxy["services"]
+        assert no_proxy["services"]["worker-0"]["environment"]["PS_SERVERS"].startswith(
+            "tcp://server-0:5550")
+        assert "proxy-0.key" not in no_proxy["secrets"]
 
 
 def _entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
@@ -162,10 +173,18 @@ def test_secrets_per_service(tmp_path: Path) -> None:
                              for m in s["secrets"]}
     for file, secret in declared.items():
         assert secret == {"external": True, "name": "${PS_SECRET_PREFIX:-byzps}-" + file}
-    # scripts/swarm_secrets.sh reads the same list from the committed stack file
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "swarm_secrets.sh"), "files"],
-                          capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.split() == list(declared)
+    # scripts/swarm_secrets.sh reads the same list from a stack file: the experiment's
+    # (written here) and the committed one (no proxy key)
+    out = tmp_path / "gambler.stack.yml"
+    out.write_text(text)
+    for stack_file, secrets in ((out, list(declared)),
+                                (ROOT / "docker" / "stack.yml",
+                                 list(stack_spec(deployment_of(SHIPPED))["secrets"]))):
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "swarm_secrets.sh"), "files"],
+                              capture_output=True, text=True, timeout=60, check=True,
+                              env={**os.environ, "PS_STACK_FILE": str(stack_file)})
+        assert done.stdout.split() == secrets, stack_file
+    assert not any(name.startswith("proxy-") for name in secrets)
 
 
 def _load(service: str, ring: KeyRing, dep: Deployment) -> Any:
@@ -290,7 +309,7 @@ def test_check_detects_a_changed_env_file(tmp_path: Path,
 
 def _blocks_dep(processes: str | None = "2", **options: Any) -> Deployment:
     """The default env file with ``PS_SERVER_PROCESSES`` set (None: left out)."""
-    env = {k: v for k, v in read_env(ENV_FILE).items() if k != "PS_SERVER_PROCESSES"}
+    env = {k: v for k, v in options_env(DEFAULT).items() if k != "PS_SERVER_PROCESSES"}
     if processes is not None:
         env["PS_SERVER_PROCESSES"] = processes
     return deployment(env, {**DEFAULT, **options})
@@ -389,7 +408,7 @@ def test_server_processes_default_and_range() -> None:
     shard per process, as before; more processes than shards, or none, is refused."""
     assert _blocks_dep(None).blocks == ((0,), (1,), (2,), (3,))
     assert _blocks_dep("4").blocks == ((0,), (1,), (2,), (3,))
-    env = {**read_env(ENV_FILE), "PS_SHARDS": "8"}
+    env = {**options_env(DEFAULT), "PS_SHARDS": "8"}
     env.pop("PS_SERVER_PROCESSES")
     assert deployment(env, DEFAULT).blocks == ((0, 1), (2, 3), (4, 5), (6, 7))
     assert list(service_environments(_blocks_dep("1"))) == [
