@@ -6,14 +6,19 @@ option per setting that the command's roles take, with its flag, its ``PS_*``
 variable (shown in ``--help``), its default, choices or range, and help. The
 command's function then rebuilds the dataclass instances with
 :func:`common.settings.take`. Nothing here knows any particular setting.
+
+A :class:`SettingsCommand` loads the plugins its command line, environment and
+``--config`` file name (and the installed ones) when it starts, then builds its
+options: the one place where a process reads them (no import does).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +33,6 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True,
                     "max_content_width": 100}
 EPILOG = (EXIT_CODES_TEXT + " Every option can also be set with the PS_* environment "
           "variable shown, or in a --config file (flag > environment > file > default).")
-
-
-def _preload() -> ConfigError | None:
-    """Load the plugins this process's command line, environment or ``--config`` file
-    name by dotted path, before any command or the run's settings (``common.config``,
-    which every command module imports after this one) is built: their options become
-    settings. What cannot be loaded is refused when a command runs, with one line."""
-    try:
-        plugins.load_named(plugins.scan_argv(sys.argv[1:], os.environ))
-    except ConfigError as exc:
-        return exc
-    return None
-
-
-PRELOAD_ERROR = _preload()
 
 
 def options_for(command: Command) -> Callable[[Callable], Callable]:
@@ -61,6 +51,39 @@ def options_for(command: Command) -> Callable[[Callable], Callable]:
     return apply
 
 
+def setting_options(command: Command) -> list[click.Option]:
+    """The click options of the settings ``command`` takes, in its ``--help`` order."""
+    holder = options_for(command)(lambda: None)
+    return list(reversed(holder.__click_params__))  # type: ignore[attr-defined]  # click's
+
+
+class SettingsCommand(click.Command):
+    """A click command whose options are the settings of ``command``, built when it
+    runs, after the plugins it may name are loaded (``common.plugins.load_plugins``
+    with what :func:`common.plugins.scan_argv` finds in its arguments, the
+    environment and a ``--config`` file): a plugin's settings are its options too.
+    What cannot be loaded is refused when the command runs, with one line."""
+
+    def __init__(self, command: Command, callback: Callable, own: list[click.Parameter]
+                 ) -> None:
+        self.command = command
+        self.own = own
+        self.plugin_error: ConfigError | None = None
+        super().__init__(command.name, context_settings=CONTEXT_SETTINGS, epilog=EPILOG,
+                         callback=callback, params=[*own, *setting_options(command)],
+                         help=inspect.getdoc(callback))
+
+    def main(self, args: Sequence[str] | None = None, *more: Any, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            plugins.load_plugins(plugins.scan_argv(argv, os.environ))
+            self.plugin_error = None
+        except ConfigError as exc:
+            self.plugin_error = exc
+        self.params = [*self.own, *setting_options(self.command)]
+        return super().main(argv, *more, **extra)
+
+
 def settings_command(command: Command, everyone: Mapping[str, Command] | None = None,
                      ) -> Callable[[Callable], click.Command]:
     """A decorator making the click command ``command`` whose options are the settings
@@ -71,29 +94,29 @@ def settings_command(command: Command, everyone: Mapping[str, Command] | None = 
     def make(f: Callable) -> click.Command:
         @functools.wraps(f)
         def run(**values: Any) -> Any:
-            if PRELOAD_ERROR is not None:
-                raise click.UsageError(str(PRELOAD_ERROR))
+            error = click.get_current_context().command.plugin_error
+            if error is not None:
+                raise click.UsageError(str(error))
             values.pop(CONFIG_PARAM, None)
             if values.pop(PRINT_PARAM, False):
                 print_config(click.get_current_context(), command)
                 return None
             return f(**values)
 
-        config = click.option(
-            "--config", CONFIG_PARAM, type=click.Path(exists=True, dir_okay=False,
-                                                      path_type=Path),
+        config = click.Option(
+            ["--config", CONFIG_PARAM], type=click.Path(exists=True, dir_okay=False,
+                                                        path_type=Path),
             envvar="PS_CONFIG", show_envvar=True, is_eager=True,
             callback=loader(command, everyone),
             help="Run settings from this TOML file, by their flags' names (rule = "
                  "\"marmed\", workers = 20, byzantine-workers = [0, 1]); the flags and "
                  "PS_* variables win over it, it wins over the defaults. One file serves "
                  "every command of a run: each takes its own settings from it.")
-        show = click.option("--print-config", PRINT_PARAM, is_flag=True,
+        show = click.Option(["--print-config", PRINT_PARAM], is_flag=True,
                             envvar="PS_PRINT_CONFIG", show_envvar=True,
                             help="Print the resolved settings as a run file, each with "
                                  "where it came from, and exit.")
-        return click.command(command.name, context_settings=CONTEXT_SETTINGS,
-                             epilog=EPILOG)(config(show(options_for(command)(run))))
+        return SettingsCommand(command, run, [config, show])
 
     return make
 

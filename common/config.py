@@ -31,7 +31,13 @@ from common.errors import ConfigError
 from common.models import MODELS
 from common.plugins import fingerprints
 from common.rules import RULES, RuleError, rule_class, rule_names
-from common.rules.defence import check_defence, rows_after_chain, with_option_settings
+from common.rules.defence import (
+    built_ins,
+    check_defence,
+    plugin_option_settings,
+    rows_after_chain,
+    with_option_settings,
+)
 from common.rules.pre import PRE_AGGREGATORS, parse_chain
 from common.settings import (
     EXPERIMENT,
@@ -39,6 +45,7 @@ from common.settings import (
     PROXY,
     ROLES,
     WORKER,
+    Declared,
     check_ranges,
     declared,
     hash_input,
@@ -55,13 +62,18 @@ RUN_AND_GRID = (*ROLES, EXPERIMENT)
 
 
 @dataclass(frozen=True)
-@with_option_settings({"q": RULES.values(), "pre": PRE_AGGREGATORS.values()})
+@with_option_settings({"q": built_ins(RULES.values()),
+                       "pre": built_ins(PRE_AGGREGATORS.values())})
 class RunConfig:
     """Settings shared by every server, worker, proxy and evaluator of one run.
 
     The options of the rules and the pre-aggregators are declared by each (its
     ``Settings``: ``--multikrum-m``, ``--cc-tau``, ``--cc-iters`` after ``q``,
-    ``--bucket-size`` after ``pre``) and are fields here too, named after their flags.
+    ``--bucket-size`` after ``pre``). The built-ins' are fields here too, named after
+    their flags; a plugin's (loaded when a command starts, after this class exists) are
+    settings too (:meth:`extra_settings`), held in ``plugin_options`` and read as
+    attributes by the same names. Build an instance with plugin options through
+    :meth:`from_settings`.
     """
 
     model: str = setting("mlp", "Model: the paper's MLP (MNIST-like data) or CNN; wide: "
@@ -127,11 +139,45 @@ class RunConfig:
         "a proxy corrupts the decoded values and rounds what it forwards; the reference "
         "engine rounds at the same point). Parameters always travel as float32.",
         roles=ROLES, hashed=True, hash_default=False, choices=WIRE_DTYPES)
+    # the values of the plugin rules' and pre-aggregators' options, (name, value) sorted
+    plugin_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # the ids as they come from a peer's or a file's dict (a list) are the same setting
         if isinstance(self.iid_workers, list):
             object.__setattr__(self, "iid_workers", tuple(self.iid_workers))
+
+    @classmethod
+    def extra_settings(cls) -> tuple[Declared, ...]:
+        """The options of the plugin rules and pre-aggregators registered now."""
+        fields = (f.name for f in dataclasses.fields(cls))
+        return plugin_option_settings((*RULES.values(), *PRE_AGGREGATORS.values()), fields)
+
+    @classmethod
+    def from_settings(cls, **values: Any) -> RunConfig:
+        """An instance from settings by name, a plugin's options among them (as read
+        from a run's ``config.json``, a grid cell or a peer); ``TypeError`` for a name
+        that is no setting."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        extra = {d.name for d in cls.extra_settings()}
+        unknown = set(values) - fields - extra
+        if unknown:
+            raise TypeError(f"RunConfig has no settings {sorted(unknown)}")
+        plugged = tuple(sorted((k, v) for k, v in values.items() if k in extra))
+        given = {k: v for k, v in values.items() if k in fields}
+        return cls(**{**given, "plugin_options": given.get("plugin_options", ()) + plugged})
+
+    def __getattr__(self, name: str) -> Any:
+        """A plugin's option by its name: its value in this run, else its default."""
+        if name.startswith("_") or name == "plugin_options":
+            raise AttributeError(name)
+        for key, value in self.plugin_options:
+            if key == name:
+                return value
+        for d in self.extra_settings():
+            if d.name == name:
+                return d.default
+        raise AttributeError(f"RunConfig has no setting {name!r}")
 
     def validate(self) -> RunConfig:
         """Raise ``ConfigError`` naming the offending setting.

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.errors import ConfigError
-from common.plugins import load_entry_points
 from common.registry import Registry
 from common.seeding import derive_int_seed
 
@@ -199,7 +198,6 @@ register_model(ModelSpec("resnet18", "not the paper's: ResNet-18, CIFAR form (3x
                          "max-pool), GroupNorm instead of BatchNorm (the servers aggregate "
                          "parameters only; no running statistics), 11.2M parameters on "
                          "CIFAR-10", _resnet18))
-load_entry_points("models")  # installed packages' models (byzps.models)
 
 
 def build_model(

@@ -7,12 +7,16 @@ imported and ``Name`` registered under that path, as a built-in registers itself
 (a rule, pre-aggregator or attack class deriving from ``Rule``, ``PreAggregator``,
 ``Attack``; a ``ModelSpec``; a ``DatasetSpec``). Installed packages can also register
 names through the entry-point groups ``byzps.rules``, ``byzps.pre``, ``byzps.attacks``,
-``byzps.models`` and ``byzps.datasets``, loaded with the registries.
+``byzps.models`` and ``byzps.datasets``.
 
-Plugins are loaded before a command builds its options, so a plugin's settings (an
-attack's or a rule's declared options) become flags, ``PS_*`` variables and help like
-the built-ins'. A run's configuration hash covers each plugin it names (its dotted
-path or entry-point name, with its package's version or its source file's SHA-256):
+Importing a module loads no plugin: each command calls :func:`load_plugins` once when
+it starts (``common.cli.SettingsCommand``), before it builds its options, so a
+plugin's settings (an attack's parameters, a rule's declared options) become flags,
+``PS_*`` variables and help like the built-ins'; a process that runs a run without a
+command line (an experiment's cell) calls it with the run's settings.
+
+A run's configuration hash covers each plugin it names (its dotted path or
+entry-point name, with its package's version or its source file's SHA-256):
 a node with another version refuses the handshake, and a node without the plugin
 refuses to start with one line naming what it cannot import (exit 2).
 """
@@ -41,6 +45,8 @@ NAMING = {"rule": "rules", "pre": "pre", "worker_attack": "attacks",
 _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*", re.ASCII)
 # name -> its fingerprint ("path sha256:..." or "dist==version"), for the run hash
 FINGERPRINTS: dict[str, str] = {}
+# dotted path -> the kind it was loaded as, in this process (handed to its children)
+LOADED: dict[str, str] = {}
 
 
 def is_plugin_path(name: str) -> bool:
@@ -68,6 +74,16 @@ def load(kind: str, path: str) -> None:
     _check(kind, path, item)
     registry.add(path, item)
     FINGERPRINTS[path] = f"{path} sha256:{_source_digest(module)}"
+    LOADED[path] = kind
+
+
+def load_again(loaded: Mapping[str, str]) -> None:
+    """In a new process (a pool's): the installed packages' plugins and the dotted paths
+    its parent had loaded (``LOADED``), so that it knows every setting the parent did."""
+    for kind in GROUPS:
+        load_entry_points(kind)
+    for path, kind in loaded.items():
+        load(kind, path)
 
 
 def load_any(path: str) -> str:
@@ -102,6 +118,15 @@ def load_entry_points(kind: str) -> None:
         dist = ep.dist
         FINGERPRINTS[ep.name] = (f"{ep.name} {dist.name}=={dist.version}" if dist else
                                  f"{ep.name} {ep.value}")
+
+
+def load_plugins(values: Mapping[str, Any]) -> None:
+    """Register every plugin a command may use: the installed packages' entry points,
+    then the dotted paths the naming settings of ``values`` give (by parameter name, as
+    :func:`scan_argv` finds them); ``ConfigError`` for one that cannot be loaded."""
+    for kind in GROUPS:
+        load_entry_points(kind)
+    load_named(values)
 
 
 def load_named(values: Mapping[str, Any]) -> None:

@@ -139,9 +139,24 @@ class Declared:
         return str(value)
 
 
-@functools.cache
 def declared(cls: type) -> tuple[Declared, ...]:
-    """The settings of dataclass ``cls``, in field order."""
+    """The settings of dataclass ``cls``, in field order, then those its classmethod
+    ``extra_settings`` declares now, if it has one (``RunConfig``: the options of the
+    plugin rules and pre-aggregators registered in this process, which no import
+    makes fields)."""
+    extra = getattr(cls, "extra_settings", None)
+    return _fields_declared(cls) + (tuple(extra()) if extra is not None else ())
+
+
+def construct(cls: type, values: Mapping[str, Any]) -> Any:
+    """An instance of ``cls`` from its settings by name: through its classmethod
+    ``from_settings`` where it has one (a class with extra settings), else its own."""
+    build = getattr(cls, "from_settings", None)
+    return build(**values) if build is not None else cls(**values)
+
+
+@functools.cache
+def _fields_declared(cls: type) -> tuple[Declared, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -219,7 +234,7 @@ def take(cls: type, values: Mapping[str, Any], roles: Iterable[str], **fixed: An
     """
     kwargs = {d.name: values[d.param] for d in declared(cls)
               if d.takes(roles) and d.param in values}
-    return cls(**{**kwargs, **fixed})
+    return construct(cls, {**kwargs, **fixed})
 
 
 def to_argv(instance: Any, role: str) -> list[str]:
@@ -280,7 +295,7 @@ def from_environ(cls: type, env: Mapping[str, str], roles: Iterable[str], **fixe
     """An instance of ``cls`` from ``PS_*`` variables (those its ``roles`` take)."""
     kwargs = {d.name: parse_value(d, env[d.env]) for d in declared(cls)
               if d.takes(roles) and d.env in env}
-    return cls(**{**kwargs, **fixed})
+    return construct(cls, {**kwargs, **fixed})
 
 
 def check_ranges(instance: Any) -> None:

@@ -25,6 +25,10 @@ def main(kinds: tuple[str, ...], as_json_flag: bool, paths: tuple[str, ...]) -> 
     (--worker-attack, --proxy-attack), models (--model) and datasets (--dataset), or only
     the KINDS given, each with its one-line summary, what it needs (e.g. Krum: n > 2q + 2)
     and the settings of its options with their defaults."""
+    try:
+        plugins.load_plugins({})  # the installed packages' entry points
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     for path in paths:
         try:
             plugins.load_any(path)

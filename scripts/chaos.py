@@ -834,7 +834,7 @@ def main(quota: int, workers: int, honest: int, shards: int, rounds: int | None,
     rounds = rounds or max(1000, quota // 12)
     settings = {"dataset": "synthetic", "num_workers": workers, "num_shards": shards,
                 "rule": rule, "q": workers - honest, "rounds": rounds, "seed": 7}
-    cfg = RunConfig(**settings).validate()
+    cfg = RunConfig.from_settings(**settings).validate()
     attack = AttackConfig.build(proxy_attack=proxy_attack, proxy_shards=(0,)).validate(cfg)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -1195,7 +1195,7 @@ _PROBE = """
 import json, sys
 from common.config import RunConfig
 from common.settings import SERVER, to_argv
-cfg = RunConfig(**json.loads(sys.argv[1])).validate()
+cfg = RunConfig.from_settings(**json.loads(sys.argv[1])).validate()
 print(json.dumps({"hash": cfg.config_hash, "config": cfg.to_dict(),
                   "argv": to_argv(cfg, SERVER)}, default=str))
 """

@@ -18,11 +18,9 @@ from common.attacks.base import (
     attack_names,
     register_attack,
 )
-from common.plugins import load_entry_points
 from common.registry import import_modules
 
 import_modules(__name__, __path__, skip={"base"})
-load_entry_points("attacks")  # installed packages' attacks (byzps.attacks)
 
 __all__ = ["ATTACKS", "NO_ATTACK", "Attack", "Site", "ValueAttack", "VectorAttack",
            "attack_class", "attack_names", "register_attack"]

@@ -26,11 +26,9 @@ from common.data.sampling import (
     run_partitions,
     write_partition,
 )
-from common.plugins import load_entry_points
 from common.registry import import_modules
 
 import_modules(__name__, __path__, skip={"base", "sampling"})
-load_entry_points("datasets")  # installed packages' datasets (byzps.datasets)
 
 
 def dataset_spec(name: str) -> DatasetSpec:

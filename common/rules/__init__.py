@@ -11,7 +11,6 @@ pre-aggregation chain, rule and rule state are built together by
     out = rule(G)  # G: (n, d) float32 torch.Tensor -> (d,) float32
 """
 
-from common.plugins import load_entry_points
 from common.registry import import_modules
 from common.rules.base import (
     RULES,
@@ -25,7 +24,6 @@ from common.rules.base import (
 )
 
 import_modules(__name__, __path__, skip={"base", "defence", "kernels"})
-load_entry_points("rules")  # installed packages' rules (byzps.rules)
 
 __all__ = ["RULES", "OptionSettings", "Rule", "RuleError", "make_rule", "register_rule",
            "rule_class", "rule_names"]

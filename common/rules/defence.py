@@ -110,11 +110,24 @@ def _blocks_differ(defence: Defence, G: np.ndarray) -> bool:
     return not np.array_equal(whole.view(np.int32), np.concatenate(blocks).view(np.int32))
 
 
+def built_in(step: type[Step]) -> bool:
+    """Whether ``step`` is one of this package's (not a plugin's): its options are
+    fields of the run settings, whatever was imported or loaded first."""
+    return step.__module__.startswith("common.")
+
+
+def built_ins(steps: Iterable[type[Step]]) -> list[type[Step]]:
+    """The built-in rules or pre-aggregators among ``steps``."""
+    return [s for s in steps if built_in(s)]
+
+
 def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:
     """Class decorator, under ``@dataclass``: after each field named in ``after``, add the
     settings that the classes ``after[field]`` (rules, pre-aggregators) declare, each as
     a field named after its flag; they are run settings (every role takes them, and they
-    enter the run hash). ``TypeError`` for a name taken twice."""
+    enter the run hash). ``TypeError`` for a name taken twice. ``RunConfig`` names the
+    built-ins (:func:`built_ins`); a plugin's options are no fields, see
+    :func:`plugin_option_settings`."""
 
     def add(cls: type) -> type:
         own = inspect.get_annotations(cls)
@@ -131,6 +144,29 @@ def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type]
         return cls
 
     return add
+
+
+def plugin_option_settings(steps: Iterable[type[Step]], taken: Iterable[str]
+                           ) -> tuple[Declared, ...]:
+    """The run settings of the options of the plugin rules and pre-aggregators among
+    ``steps`` (those registered now), named after their flags like the built-ins'
+    fields; hashed only where they differ from their defaults (a plugin installed does
+    not change the hash of a run that does not set its options). ``TypeError`` for a
+    flag ``taken`` already or declared twice."""
+    out: list[Declared] = []
+    names = set(taken)
+    for owner in steps:
+        if built_in(owner):
+            continue
+        for d in option_settings(owner):
+            if d.param in names:
+                raise TypeError(f"{owner.name}'s setting {d.flag} is taken")
+            names.add(d.param)
+            spec = dataclasses.replace(d.spec, roles=frozenset(ROLES), hashed=True,
+                                       hash_default=False, flag=d.flag, env=d.env)
+            out.append(dataclasses.replace(d, name=d.param, spec=spec,
+                                           roles=frozenset(ROLES)))
+    return tuple(out)
 
 
 def _run_field(d: Declared) -> Any:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
+from common import plugins
 from common.cli import options_for
 from common.commands import COMMANDS
 from common.errors import EXIT_CONFIG, ConfigError, ReferenceMismatch
@@ -71,6 +72,10 @@ GRID_EPILOG = (
 def main() -> None:
     """Run the paper's experiments (Xie, Koyejo, Gupta 2018), and the field's newer
     defences against its newer attacks, as grids of cached cells."""
+    try:
+        plugins.load_plugins({})  # the installed packages' (a grid file loads its own)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _decorated(function: Callable[..., None], options: list) -> Callable[..., None]:

@@ -93,7 +93,7 @@ class Cell:
         return self.run["seed"]
 
     def configs(self) -> tuple[RunConfig, AttackConfig]:
-        cfg = RunConfig(**self.run).validate()
+        cfg = RunConfig.from_settings(**self.run).validate()
         return cfg, AttackConfig.build(**self.attack).validate(cfg)
 
     @cached_property

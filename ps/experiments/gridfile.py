@@ -166,7 +166,7 @@ def parse_grid(data: Mapping[str, Any], name: str) -> GridFile:
     """The grid of a grid file's parsed ``data`` (``name``: for messages)."""
     for key, value in data.items():  # plugins by dotted path: registered before the checks
         for one in value if isinstance(value, list) else [value]:
-            plugins.load_named({key.replace("-", "_"): one})
+            plugins.load_plugins({key.replace("-", "_"): one})
     cells_known, invocation_known = cell_settings(), invocation_settings()
     grid_keys = (SEEDS, EXCLUDE, ONLY, REPORT, BASE)
     known = [*cells_known, *invocation_known, *grid_keys]

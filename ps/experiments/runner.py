@@ -46,7 +46,7 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
     from worker.evaluator import Evaluator
 
     torch.set_num_threads(1)  # one cell per core; and as the cluster's workers compute
-    plugins.load_named({**cell.run, **cell.attack})  # (a fresh process: its plugins)
+    plugins.load_plugins({**cell.run, **cell.attack})  # (a fresh process: its plugins)
     cfg, attack = cell.configs()
     key = (cfg.dataset, data_dir, cfg.seed)
     if key not in _datasets:
@@ -187,7 +187,8 @@ def _computed(todo: list[Cell], how: CellRun) -> Iterator[tuple[Cell, dict[str, 
             yield cell, run_cluster_cell(cell, how.out, *args)
         return
     pool = ProcessPoolExecutor(max_workers=how.jobs, mp_context=get_context("spawn"),
-                               initializer=_ignore_interrupts)
+                               initializer=_start_cell_process,
+                               initargs=(dict(plugins.LOADED),))
     try:
         running = {pool.submit(run_cell, c, *args): c for c in todo}
         while running:
@@ -213,8 +214,10 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-def _ignore_interrupts() -> None:
-    """(In a pool process.) Leave Ctrl-C to the parent, which stops the pool."""
+def _start_cell_process(loaded: dict[str, str]) -> None:
+    """(In a pool process.) Leave Ctrl-C to the parent, which stops the pool; load the
+    plugins the parent had (a grid's cells all hold the settings of every one)."""
+    plugins.load_again(loaded)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

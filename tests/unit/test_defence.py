@@ -19,7 +19,12 @@ from common.models import MODELS, ModelSpec
 from common.registry import Registry
 from common.rules import RULES, OptionSettings, Rule, RuleError, make_rule, register_rule
 from common.rules.base import option_settings
-from common.rules.defence import Defence, options_of, with_option_settings
+from common.rules.defence import (
+    Defence,
+    options_of,
+    plugin_option_settings,
+    with_option_settings,
+)
 from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows
 from common.settings import ROLES, declared, setting
 
@@ -244,3 +249,14 @@ def test_a_rule_that_claims_to_be_coordinate_wise_and_is_not_is_refused_at_start
         probe_defence(cfg)  # honest, it runs (shard by shard)
     finally:
         del RULES["centred-median"]
+
+
+def test_a_plugins_options_are_settings_not_fields() -> None:
+    """Only the built-ins' options are fields (whatever was loaded first); a plugin's are
+    settings declared when asked, hashed only where they differ from their defaults."""
+    found = plugin_option_settings([_Halfway, RULES["multikrum"]], taken=["rule"])
+    assert [(d.name, d.flag, d.default) for d in found] == [
+        ("halfway_share", "--halfway-share", 0.5)]
+    assert found[0].spec.hashed and not found[0].spec.hash_default
+    with pytest.raises(TypeError, match="--halfway-share is taken"):
+        plugin_option_settings([_Halfway], taken=["halfway_share"])

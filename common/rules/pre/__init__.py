@@ -9,7 +9,6 @@ A run's chain is built with its rule by ``common.rules.defence.Defence``.  Usage
     rows = chain(G, RoundContext(seed, round, shard))   # (n, d) -> (chain.rows_out, d)
 """
 
-from common.plugins import load_entry_points
 from common.registry import import_modules
 from common.rules.pre.base import (
     PRE_AGGREGATORS,
@@ -25,7 +24,6 @@ from common.rules.pre.base import (
 )
 
 import_modules(__name__, __path__, skip={"base"})
-load_entry_points("pre")  # installed packages' pre-aggregators (byzps.pre)
 
 __all__ = ["PRE_AGGREGATORS", "Chain", "PreAggregator", "RoundContext", "chain_rows",
            "check_chain", "parse_chain", "pre_class", "pre_names", "register_pre"]
