@@ -214,6 +214,12 @@ class ServerCore:
         its last round is done."""
         if self.state.finished and self.finished_at is None:
             self.finished_at = now
+        return self._close_if_ready(now)
+
+    def _close_if_ready(self, now: float) -> list[Reply]:
+        """The one place a round closes: if it may now (:meth:`_closing`), aggregate it
+        and answer the PULLs parked for the next. If the rule raises, the round stays
+        open (counted, logged) and is tried again with the next push or tick."""
         closing = self._closing(now)
         if closing is None:
             return []
@@ -432,11 +438,8 @@ class ServerCore:
             self._relay_tags().check_push(push, session.nonce)
         self.absent[push.worker] = False  # it is there: later rounds wait for it again
         if self.state.counted(push.round, push.worker):
-            replies = self._answer_repeat(envelope, peer, push)
-            closing = self._closing(now)  # an aggregation that raised before: try again
-            if closing is not None:
-                replies += self._finish_round(now, closing)
-            return replies
+            # an aggregation that raised before: try again
+            return self._answer_repeat(envelope, peer, push) + self._close_if_ready(now)
         if push.pull_next and (peer, push.round + 1) not in self.parked:
             self._check_parking_space(peer)  # before storing: a refused push leaves nothing
         self.state.push(push.round, push.worker, message)
@@ -449,10 +452,7 @@ class ServerCore:
             self._park(envelope, peer, push.round + 1, bare=push.bare_params)
         else:
             replies.append(Reply(envelope, Ack(round=push.round, worker=push.worker)))
-        closing = self._closing(now)
-        if closing is not None:
-            replies += self._finish_round(now, closing)
-        return replies
+        return replies + self._close_if_ready(now)
 
     def _answer_repeat(self, envelope: list[Any], peer: Peer, push: Push) -> list[Reply]:
         """Answer a push already counted as the first one was (its values are ignored)."""

@@ -26,8 +26,7 @@ import torch
 from common.buffers import HostBuffers
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.protocol import ErrorCode, Message, Refused, values_dtype
-from common.pushes import PushWindow, check_push
+from common.protocol import ErrorCode, Refused
 from common.rules import RuleError
 from common.rules.defence import Defence
 from common.rules.kernels.reductions import nonfinite_counts
@@ -189,26 +188,6 @@ class ShardState:
             return bool(self.received[worker])
         aggregated = self.participation.get(round_)
         return aggregated is not None and bool(aggregated[worker])
-
-    def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
-        """Validate one push and store its values (an array, or a received PUSH message).
-
-        Raises ``Refused`` (``common.pushes.check_push``: UNKNOWN_WORKER, STALE_ROUND,
-        FINISHED, WRONG_ROUND, DUPLICATE, WRONG_LENGTH) without storing anything.
-        """
-        message = isinstance(values, Message)
-        length = values.header.length if message else values.size
-        window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
-                            current=self.round, oldest=self.round, newest=self.round,
-                            dtype=self.cfg.wire_dtype)
-        check_push(window, round_, worker, length, self.finished, self.received,
-                   dtype=values_dtype(values.header) if message else window.dtype)
-        if message:
-            values.tensor_into(self.grads[worker])
-        else:
-            self.grads[worker] = values
-        self.received[worker] = True
-        self.pushes += 1
 
     def step(self) -> RoundMetrics:
         """Aggregate the round's rows (all n, or those in at its deadline) and apply

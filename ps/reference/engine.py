@@ -1,7 +1,7 @@
 """The reference engine: the same training as a cluster, in one process, no sockets.
 
 It drives the very components the processes use (each worker's ``WorkerStep``,
-``ShardCorruptor``, ``ShardState``) in the order the
+``ShardCorruptor``, ``ShardGroup``) in the order the
 cluster's data flows, so for the same ``RunConfig`` and ``AttackConfig`` it
 ends with parameters bit-identical to a multi-process run (compare
 ``params_digest``). Given the participation a run recorded (rounds closed at their
@@ -34,7 +34,8 @@ from common.wire import FLOAT32, round_to_wire
 from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
-from server.shard import RoundMetrics, ShardState
+from server.group import ShardGroup
+from server.shard import RoundMetrics
 from worker.byzantine import forge, honest_workers, worker_attack
 from worker.step import WorkerStep
 from worker.trainer import GradientComputer
@@ -66,7 +67,9 @@ class Simulation:
         self.computer = GradientComputer(cfg, dataset, device)
         x0 = initial_parameters(cfg)
         self.ranges = shard_ranges(x0.size, cfg.num_shards)
-        self.shards = [ShardState(cfg, s, x0[a:b]) for s, (a, b) in enumerate(self.ranges)]
+        # each shard a server process of its own: pushed and stepped as the servers do
+        self.groups = [ShardGroup(cfg, [s], x0) for s in range(cfg.num_shards)]
+        self.shards = [group.states[0] for group in self.groups]
         self.corruptors = {
             s: ShardCorruptor(cfg, attack, s, *self.ranges[s])
             for s in attack.proxy_shards
@@ -134,8 +137,8 @@ class Simulation:
                                       f"proxy attack {self.attack.proxy_attack} needs all n")
                 pushes = self._corrupt_pushes(corruptor, t, pushes, aggregated)
             for i in aggregated:
-                self.shards[s].push(t, i, pushes[i])
-            metrics.append(self.shards[s].step())
+                self.groups[s].push(t, i, pushes[i])
+            metrics += [m for _, m in self.groups[s].step()]
         self.last_metrics = metrics
         return metrics
 

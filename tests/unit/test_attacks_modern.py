@@ -35,7 +35,7 @@ from common.settings import PROXY, WORKER
 from common.sharding import shard_ranges
 from ps.reference import engine
 from ps.reference.engine import simulate
-from server.shard import ShardState
+from server.group import ShardGroup
 from worker import step as worker_step
 from worker.byzantine import ByzantineState, ServerAggregation, aim, byzantine_gradient
 from worker.trainer import GradientComputer, Momentum
@@ -562,13 +562,13 @@ def test_server_aggregation_is_what_the_shards_compute(rule: str, q: int,
     for t in rounds:
         expected = []
         for s, (a, b) in enumerate(shard_ranges(d, cfg.num_shards)):
-            shard = ShardState(cfg, s, np.zeros(b - a, dtype=F32))
+            group = ShardGroup(cfg, [s], np.zeros(d, dtype=F32))
             if t:
-                shard.restore(t, np.zeros(b - a, dtype=F32))
+                group.states[0].restore(t, np.zeros(b - a, dtype=F32))
             for i in range(7):
-                shard.push(t, i, rows[i, a:b])
-            shard.step()
-            expected.append(-shard.params)  # x = 0 - 1 * Aggr
+                group.push(t, i, rows[i, a:b])
+            group.step()
+            expected.append(-group.states[0].params)  # x = 0 - 1 * Aggr
         expected = np.concatenate(expected)
         out = servers(rows, t)
         assert out.dtype == F32

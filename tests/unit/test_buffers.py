@@ -15,7 +15,7 @@ from common.config import AttackConfig, RunConfig
 from common.data import load_dataset
 from common.model_init import initial_parameters
 from common.protocol import Params, Welcome, decode, encode
-from server.shard import ShardState
+from server.group import ShardGroup
 from worker.core import ClientCore, NextRound, RetryPolicy
 from worker.step import WorkerStep
 from worker.trainer import GradientComputer
@@ -148,16 +148,16 @@ def test_a_warm_shard_round_allocates_no_vector_of_the_shard_s_size() -> None:
     warm a round allocates the rule's result and nothing else of the shard's size (the
     code before allocated four more: lr * Aggr, x^{t+1} and two masks)."""
     size = 200_000
-    state = ShardState(CFG, 0, np.zeros(size, dtype=np.float32))
+    group = ShardGroup(CFG, [0], np.zeros(size * CFG.num_shards, dtype=np.float32))
     rows = [np.full(size, i + 1, dtype=np.float32) for i in range(CFG.num_workers)]
 
     def run_round(t: int) -> None:
         for i, row in enumerate(rows):
-            state.push(t, i, row)
-        state.step()
+            group.push(t, i, row)
+        group.step()
 
     for t in range(WARM_UP):
         run_round(t)
     growth = _growth_of_rounds(run_round, range(WARM_UP, WARM_UP + 10))
     assert growth < size * 4 * 5 // 4, f"a warm round allocated {growth:,} bytes"
-    assert state.vectors.allocated <= 6  # the history's rounds and the one being made
+    assert group.states[0].vectors.allocated <= 6  # the history's rounds and the one being made

@@ -9,7 +9,7 @@ import pytest
 
 from common.protocol import ErrorCode, Push, Refused, decode, encode
 from common.pushes import PushWindow, check_push
-from server.shard import ShardState
+from server.group import ShardGroup
 from tests.unit.test_proxy_core import CFG, GAMBLER, LENGTH, attack, make_core, push
 
 WINDOW = PushWindow(workers=4, rounds=10, size=5, current=3, oldest=3, newest=4)
@@ -58,13 +58,13 @@ def test_the_proxy_refuses_a_push_with_the_code_the_server_would_answer() -> Non
         codes = [decode(o.frames[2:]).header.code for o in out if not o.to_server]
         if not codes:
             continue
-        state = ShardState(CFG, 1, np.zeros(LENGTH, dtype=np.float32))
+        group = ShardGroup(CFG, [1], np.zeros(LENGTH * CFG.num_shards, dtype=np.float32))
         if round_ == 1:
-            state.restore(1, np.zeros(LENGTH, dtype=np.float32))
+            group.states[0].restore(1, np.zeros(LENGTH, dtype=np.float32))
         message = decode(encode(Push(round=round_, worker=worker, length=length),
                                 np.zeros(length, dtype=np.float32)))
         with pytest.raises(Refused) as refused:
-            state.push(round_, worker, message)
+            group.push(round_, worker, message)
         server = refused.value.code
         if round_ == CFG.rounds and server is ErrorCode.WRONG_ROUND:
             server = ErrorCode.FINISHED

@@ -1,4 +1,5 @@
-"""The server's round logic without sockets: validation, aggregation step, history."""
+"""The server's round logic without sockets: validation, aggregation step, history
+(a shard alone in its process: a ``ShardGroup`` of one, pushed as the server does)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ import pytest
 
 from common.config import RunConfig
 from common.protocol import ErrorCode, Refused
-from server.shard import HISTORY_ROUNDS, ShardState
+from server.group import ShardGroup
+from server.shard import HISTORY_ROUNDS
 
 
-def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5) -> ShardState:
+def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5) -> ShardGroup:
     cfg = RunConfig(dataset="synthetic", num_workers=n, num_shards=1, rule=rule, q=0,
                     lr=lr, rounds=rounds).validate()
-    return ShardState(cfg, 0, np.ones(4, dtype=np.float32))
+    return ShardGroup(cfg, [0], np.ones(4, dtype=np.float32))
 
 
-def _push_all(state: ShardState, rows: list[list[float]]) -> None:
+def _push_all(state: ShardGroup, rows: list[list[float]]) -> None:
     for i, row in enumerate(rows):
         state.push(state.round, i, np.asarray(row, dtype=np.float32))
 
@@ -25,8 +27,8 @@ def test_step_applies_lr_times_aggregate() -> None:
     state = _state("mean")
     _push_all(state, [[1, 2, 3, 4], [3, 2, 1, 0], [2, 2, 2, 2]])
     assert state.complete
-    metrics = state.step()
-    np.testing.assert_allclose(state.params, 1 - 0.5 * np.array([2, 2, 2, 2]))
+    [(_, metrics)] = state.step()
+    np.testing.assert_allclose(state.states[0].params, 1 - 0.5 * np.array([2, 2, 2, 2]))
     assert metrics.round == 0 and state.round == 1 and not state.complete
     assert metrics.nonfinite_values == 0 and metrics.params_finite
 
@@ -34,8 +36,8 @@ def test_step_applies_lr_times_aggregate() -> None:
 def test_marmed_ignores_a_minority_of_huge_values() -> None:
     state = _state("marmed")
     _push_all(state, [[1, 1, 1, 1], [-1e20, np.nan, np.inf, 1], [1, 1, 1, 1]])
-    metrics = state.step()
-    np.testing.assert_array_equal(state.params, np.full(4, 0.5, dtype=np.float32))
+    [(_, metrics)] = state.step()
+    np.testing.assert_array_equal(state.states[0].params, np.full(4, 0.5, dtype=np.float32))
     assert metrics.nonfinite_values == 2
 
 
@@ -71,20 +73,20 @@ def test_duplicate_and_stale_pushes_are_refused() -> None:
 
 def test_history_keeps_recent_rounds_and_refuses_older() -> None:
     state = _state(rounds=10)
-    snapshots = {0: state.params.copy()}
+    snapshots = {0: state.states[0].params.copy()}
     for t in range(HISTORY_ROUNDS + 2):
         _push_all(state, [[t, t, t, t]] * 3)
         state.step()
-        snapshots[t + 1] = state.params.copy()
+        snapshots[t + 1] = state.states[0].params.copy()
     current = state.round
     for r in range(current - HISTORY_ROUNDS + 1, current + 1):
-        np.testing.assert_array_equal(state.params_at(r), snapshots[r])
-    assert state.params_at(current + 1) is None  # future: parked by the node
+        np.testing.assert_array_equal(state.states[0].params_at(r), snapshots[r])
+    assert state.states[0].params_at(current + 1) is None  # future: parked by the node
     with pytest.raises(Refused) as info:
-        state.params_at(0)
+        state.states[0].params_at(0)
     assert info.value.code is ErrorCode.STALE_ROUND
     with pytest.raises(Refused) as info:
-        state.params_at(11)
+        state.states[0].params_at(11)
     assert info.value.code is ErrorCode.WRONG_ROUND
 
 
