@@ -56,10 +56,10 @@ from common.keys import Identity
 from common.metrics import JsonlWriter
 from common.protocol import (
     Ack,
-    Error,
     ErrorCode,
     Header,
     Hello,
+    Message,
     Params,
     Pull,
     Push,
@@ -68,7 +68,7 @@ from common.protocol import (
     StatusReply,
     Welcome,
 )
-from common.scopes import check_claim
+from common.refusals import Answering
 from common.sharding import format_shard_set
 from server.checkpoint import Checkpoint
 from server.group import ShardGroup
@@ -90,7 +90,6 @@ CHECKPOINT_FAILED = "checkpoint-failed"
 REPEATED_PUSH = "repeated-push"
 REPEATED_PULL = "repeated-pull"  # a PULL of a (peer, round) already parked
 UNREAD_REPLIES = "unread-replies"  # large replies dropped: the peer left earlier ones
-MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 
 
 class RestoreError(ConfigError):
@@ -158,6 +157,8 @@ class ServerCore:
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
         self.absent = np.zeros(cfg.num_workers, dtype=bool)
         self.peers = PeerPolicy(self.counters, log, on_bar)
+        self.answers: Answering[Reply] = Answering(
+            self.peers, Reply, lambda: self.state.round, self.bar, self.state.first)
         # what answers each message type a server accepts (any other: UNEXPECTED)
         self._handlers: dict[type[Header], Handler] = {
             Hello: self._on_hello, Pull: self._on_pull, Push: self._on_push,
@@ -263,34 +264,19 @@ class ServerCore:
     # -- messages ----------------------------------------------------------------
 
     def handle(self, incoming: Incoming, now: float) -> list[Reply]:
-        """The replies to one received message (never raises for what a peer sent)."""
+        """The replies to one received message (never raises for what a peer sent: the
+        refusal path is ``common.refusals``, shared with the proxy)."""
         self.bytes_in += incoming.size
-        identity = incoming.identity
-        if self.peers.drops(identity):
-            return []
-        envelope = incoming.envelope
         principal = self._principal(incoming)
-        if incoming.message is None:
-            code = incoming.error.code if incoming.error else ErrorCode.MALFORMED
-            if code is ErrorCode.TOO_LARGE and identity is not None:
-                self.counters[code.value] += 1
-                self.bar(identity, f"sent a {incoming.error}")
-                return []
-            return self._refuse(principal, envelope, code, str(incoming.error), now)
-        header = incoming.message.header
-        try:
-            check_claim(identity, header, len(envelope), self.state.first)
-            handler = self._handlers.get(type(header))
+
+        def dispatch(message: Message) -> list[Reply]:
+            handler = self._handlers.get(type(message.header))
             if handler is None:
-                raise Refused(ErrorCode.UNEXPECTED, f"a server does not accept {header.op.name}")
+                raise Refused(ErrorCode.UNEXPECTED,
+                              f"a server does not accept {message.header.op.name}")
             return handler(incoming, principal, now)
-        except Refused as exc:
-            return self._refuse(principal, envelope, exc.code, str(exc), now)
-        except Exception as exc:  # a bug must not end the node: answer, count, log
-            if self.peers.loggable("internal", principal, now) is not None:
-                log.exception("internal error handling %s", type(header).__name__)
-            return self._refuse(principal, envelope, ErrorCode.INTERNAL,
-                                f"{type(exc).__name__}: {exc}", now, logged=True)
+
+        return self.answers.answer(incoming, principal, now, dispatch)
 
     def _principal(self, incoming: Incoming) -> Hashable:
         """Whom ``incoming``'s budgets are charged to (``common.budgets.principal_of``): a
@@ -330,20 +316,9 @@ class ServerCore:
                         principal_name(principal),
                         f" ({held} more since the last line)" if held else "")
 
-    def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, text: str,
-                now: float, logged: bool = False) -> list[Reply]:
-        """Count, log and answer a refusal within the peer's budgets (``PeerPolicy``)."""
-        if self.peers.refuse(principal, code.value, text, now, logged) and envelope:
-            return [self._error(envelope, code, text)]
-        return []
-
     def offence(self, identity: Identity | None, reason: str, now: float) -> None:
-        """The node's in-flight guard cut a connection of ``identity``: bar it (None: no
-        message named its key; counted and logged)."""
-        if identity is None:
-            self.peers.cut(reason, now)
-        else:
-            self.bar(identity, reason)
+        """The node's in-flight guard cut a connection of ``identity`` (``Answering``)."""
+        self.answers.offence(identity, reason, now)
 
     def bar(self, identity: Identity, reason: str) -> None:
         """Bar ``identity`` for the rest of the run (see the module docstring)."""
@@ -587,8 +562,4 @@ class ServerCore:
             counters=dict(self.counters),
         )
 
-    def _error(self, envelope: list[Any], code: ErrorCode, message: str) -> Reply:
-        if len(message) > MAX_ERROR_TEXT:  # a peer's input quoted back stays bounded
-            message = message[:MAX_ERROR_TEXT] + " ..."
-        return Reply(envelope, Error(code=code.value, message=message, round=self.state.round))
 

@@ -49,20 +49,18 @@ from common.metrics import JsonlWriter
 from common.protocol import (
     Ack,
     Error,
-    ErrorCode,
     Header,
     Message,
     Params,
     Pull,
     Push,
-    Refused,
     Welcome,
     encode,
     join_envelope,
     reheaded,
 )
 from common.pushes import PushWindow, check_push
-from common.scopes import check_claim
+from common.refusals import Answering
 from common.sharding import ServerSlices, format_shard_set
 from ps.proxy.corruption import ServerCorruptor
 
@@ -73,7 +71,6 @@ log = logging.getLogger("ps.proxy")
 
 # Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
 MAX_ROUTES = 4096
-MAX_ERROR_TEXT = 2000
 UNREAD_REPLIES = "unread-replies"  # large replies dropped: the worker left earlier ones
 # After a reply of the last round, how long the proxy waits for the others of it when
 # fewer than n come (a round deadline closed the last round without some workers).
@@ -132,6 +129,9 @@ class ProxyCore:
         self.last_round_replied: float | None = None  # when a reply of the last round came
         self.first = slices.shards[0]  # the server process's name (its first shard)
         self.peers = PeerPolicy(self.counters, log, on_bar)
+        self.answers: Answering[Outgoing] = Answering(
+            self.peers, lambda envelope, error: Outgoing(False, join_envelope(
+                envelope, encode(error))), lambda: self.round, self.peers.bar, self.first)
         # what a message of each type becomes (any other: relayed as it is)
         self._from_worker: dict[type[Header], Callable[[Incoming, Message], list[Outgoing]]] = {
             Pull: self._on_pull, Push: self._on_push}
@@ -153,32 +153,14 @@ class ProxyCore:
         """What a worker's message becomes: relayed (maybe corrupted, maybe held), or
         answered here with the ERROR the server would send."""
         now = time.monotonic() if now is None else now
-        identity = incoming.identity
-        if self.peers.drops(identity):
-            return []
-        principal = principal_of(incoming)
-        msg = incoming.message
-        try:
-            if msg is None:
-                error = incoming.error
-                code = error.code if error else ErrorCode.MALFORMED
-                if code is ErrorCode.TOO_LARGE and identity is not None:
-                    self.counters[code.value] += 1
-                    self.peers.bar(identity, f"sent a {incoming.error}")
-                    return []
-                raise Refused(code, str(error))
-            check_claim(identity, msg.header, len(incoming.envelope), self.first)
-            handler = self._from_worker.get(type(msg.header))
+
+        def dispatch(message: Message) -> list[Outgoing]:
+            handler = self._from_worker.get(type(message.header))
             if handler is not None:
-                return handler(incoming, msg)
+                return handler(incoming, message)
             return [Outgoing(True, incoming.frames)]
-        except Refused as exc:
-            return self._refuse(principal, incoming.envelope, exc.code, str(exc), now)
-        except Exception as exc:  # a bug must not end the proxy: answer, count, log
-            if self.peers.loggable("internal", principal, now) is not None:
-                log.exception("internal error handling a worker's message")
-            return self._refuse(principal, incoming.envelope, ErrorCode.INTERNAL,
-                                f"{type(exc).__name__}: {exc}", now, logged=True)
+
+        return self.answers.answer(incoming, principal_of(incoming), now, dispatch)
 
     def unread_reply(self, connection: Hashable) -> None:
         """A large reply to a worker's ``connection`` was dropped: its earlier ones are
@@ -190,12 +172,8 @@ class ProxyCore:
                         "earlier ones%s", f" ({held} more since the last line)" if held else "")
 
     def offence(self, identity: Identity | None, reason: str, now: float) -> None:
-        """The node's in-flight guard cut a connection of ``identity``: bar it (None: no
-        message named its key; counted and logged)."""
-        if identity is None:
-            self.peers.cut(reason, now)
-        else:
-            self.peers.bar(identity, reason)
+        """The node's in-flight guard cut a connection of ``identity`` (``Answering``)."""
+        self.answers.offence(identity, reason, now)
 
     def _on_pull(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
         """Relayed; the PARAMS reply goes to the worker it names."""
@@ -224,14 +202,6 @@ class ProxyCore:
         routes.move_to_end(peer)
         while len(routes) > MAX_ROUTES:
             routes.popitem(last=False)
-
-    def _refuse(self, principal: Hashable, envelope: list[Any], code: ErrorCode, message: str,
-                now: float, logged: bool = False) -> list[Outgoing]:
-        """Count, log and answer a refusal within the peer's budgets (as the server)."""
-        if not (self.peers.refuse(principal, code.value, message, now, logged) and envelope):
-            return []
-        error = Error(code=code.value, message=message[:MAX_ERROR_TEXT], round=self.round)
-        return [Outgoing(False, join_envelope(envelope, encode(error)))]
 
     def _on_push(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
         """Checked; corrupted (or held until its round is in) if of a round the server
