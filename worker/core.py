@@ -53,6 +53,7 @@ import logging
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 
@@ -167,10 +168,18 @@ class SentPushes:
 
 @dataclass
 class _Step:
-    """One request to one server process, how its answer is read, and its progress."""
+    """One request to one server process, what answers it, and its progress.
+
+    ``expect``: the header of the answer (None: any answer ends it, a best-effort
+    re-push); a ``Params`` answer of round ``params_round`` is copied into ``into``
+    (with ``bare_ok``, a bare one is taken: its values are owed; without ``into``, a
+    replayed push's, its header is the answer)."""
 
     frames: list[Buffer]
-    read: Callable[[Message], object] | None  # the answer's value; None: any answer
+    expect: type[Header] | None
+    into: np.ndarray | None = None
+    params_round: int = 0
+    bare_ok: bool = False
     idempotent: bool = False  # a push: refused as a repeat after a resend, it counts
     push_round: int | None = None  # a push of this round: a server behind it is replayed
     repush: list[Buffer] | None = None  # pushed once before a resend on a new connection
@@ -183,7 +192,7 @@ class _Step:
     @property
     def best_effort(self) -> bool:
         """Any answer ends it; no answer within the timeout: a new connection, go on."""
-        return self.read is None
+        return self.expect is None
 
     def resent(self) -> bool:
         """Sent more than once on new connections (a repeat refusal means it counted)."""
@@ -225,17 +234,39 @@ class _Link:
             f"ps-proxy in front of it that --via-proxy does not name?)")
 
 
-# What a stale-round refusal does in an exchange: (server index, refusal, now) -> what to send.
-_OnStale = Callable[[int, Error, float], list[Send]]
+class Exchange(enum.Enum):
+    """What the exchange under way is: its kind decides its outcome and what a
+    ``stale-round`` refusal does in it (``ClientCore._outcome``, ``_stale``)."""
+
+    HELLO = "hello"  # the WELCOMEs; stale: refused
+    PULL = "pull"  # x^round; stale: refused
+    CATCH_UP = "catch-up"  # the first round >= round every server serves; stale: further
+    PUSH = "push"  # the push of round - 1 and x^round back; stale: caught up
+    FILL = "fill"  # the values a bare PARAMS of round left out; stale: caught up
+
+
+@dataclass
+class _Exchange:
+    """The exchange under way: its kind, its round (for a push: the round after the one
+    pushed), where PARAMS go, and for ``FILL`` the place it fills and whether it pushes
+    again (else pulls)."""
+
+    kind: Exchange
+    round: int = 0
+    params: np.ndarray | None = None
+    missed: bool = False
+    filling: NextRound | None = None
+    by_push: bool = False
 
 
 def server_list(cfg: RunConfig, servers: list[str] | list[tuple[ShardSet, str]],
                 ) -> list[tuple[ShardSet, str]]:
     """The server processes as (shards, endpoint): given so, or plain endpoints (the
     contiguous blocks of ``common.sharding.server_blocks``, one shard each for S)."""
-    if all(isinstance(e, str) for e in servers):
-        return parse_servers(",".join(servers), cfg.num_shards)  # type: ignore[arg-type]
-    return list(servers)  # type: ignore[arg-type]
+    names = [e for e in servers if isinstance(e, str)]
+    if len(names) == len(servers):
+        return parse_servers(",".join(names), cfg.num_shards)
+    return [e for e in servers if not isinstance(e, str)]
 
 
 class ClientCore:
@@ -273,39 +304,38 @@ class ClientCore:
         self.bad_replies: Counter[str] = Counter()  # unusable replies survived, by kind
         self.results: dict[int, object] = {}
         self.outcome: object = None
-        self._finish: Callable[[], object] = lambda: None
-        self._on_stale: _OnStale | None = None
+        self.exchange = _Exchange(Exchange.HELLO)
 
     # -- exchanges ---------------------------------------------------------------
 
     def hello(self, now: float) -> list[Send]:
         """Say HELLO to every server; ``outcome``: the WELCOMEs (d, and so where each
         server's shards lie, is learnt from them)."""
-        steps = {s: _Step(link.hello, _reader(Welcome)) for s, link in enumerate(self.links)}
-        return self._begin(steps, self._welcomed, None, now)
+        steps = {s: _Step(link.hello, Welcome) for s, link in enumerate(self.links)}
+        return self._begin(steps, _Exchange(Exchange.HELLO), now)
 
     def pull(self, round_: int, now: float) -> list[Send]:
         """Pull x^round_ from every server; ``outcome``: the assembled vector."""
         x = self._vector()
-        return self._begin(self._pulls(x, round_), lambda: x, None, now)
+        return self._begin(self._pulls(x, round_), _Exchange(Exchange.PULL, round_, x), now)
 
     def catch_up(self, round_: int, now: float, missed: bool = False) -> list[Send]:
         """``outcome``: ``NextRound`` of the first round >= ``round_`` that every server
         still serves (a worker that starts late, or whose push came after its round
         closed, goes on there)."""
         x = self._vector()
-        return self._begin(self._pulls(x, round_), lambda: NextRound(round_, x, missed),
-                           self._skip_ahead(round_, missed), now)
+        return self._begin(self._pulls(x, round_),
+                           _Exchange(Exchange.CATCH_UP, round_, x, missed), now)
 
     def borrow(self, at: NextRound, x: np.ndarray) -> NextRound:
         """``at`` complete: the slices it owes copied from ``x``, x^at.round as another
         worker of this process received it (the same values: one aggregate per round);
         ``x`` itself if every link is owed (parameters are never modified in place)."""
-        if len(at.owed) == len(self.links):
+        if len(at.owed) == len(self.links) or at.params is None:
             return NextRound(at.round, x, at.missed)
         for server in at.owed:
-            for a, b in self.links[server].slices.spans:  # type: ignore[union-attr]
-                at.params[a:b] = x[a:b]  # type: ignore[index]
+            for a, b in self._slices(self.links[server]).spans:
+                at.params[a:b] = x[a:b]
         return NextRound(at.round, at.params, at.missed)
 
     def pull_owed(self, at: NextRound, now: float) -> list[Send]:
@@ -316,23 +346,21 @@ class ClientCore:
         replayed, as for any push), else a PULL. ``outcome``: ``at`` complete, or the
         first round every server still serves (caught up)."""
         kept = self.sent.get(at.round - 1)
-        steps = {s: self._pull_step(at.params, s, at.round) if kept is None  # type: ignore[arg-type]
-                 else self._push_step(s, at.round - 1, kept, at.params)
+        params = at.params
+        if params is None:
+            raise ValueError("a place past the last round owes nothing")
+        steps = {s: self._pull_step(params, s, at.round) if kept is None
+                 else self._push_step(s, at.round - 1, kept, params)
                  for s in at.owed}
-        on_stale = (self._skip_ahead(at.round, missed=True) if kept is None
-                    else self._caught_up)
-        return self._begin(steps, lambda: NextRound(at.round, at.params, at.missed),
-                           on_stale, now)
+        return self._begin(steps, _Exchange(Exchange.FILL, at.round, params, at.missed,
+                                            filling=at, by_push=kept is not None), now)
 
-    def _skip_ahead(self, target: int, missed: bool) -> _OnStale:
+    def _skip_ahead(self, server: int, error: Error, target: int, missed: bool,
+                    now: float) -> list[Send]:
         """A pull of round ``target`` refused as stale: catch up where that server is."""
-
-        def skip_ahead(server: int, error: Error, now: float) -> list[Send]:
-            if error.round <= target:
-                raise ServerRefused(self.links[server].endpoint, error)
-            return self._abandon_but(server) + self.catch_up(error.round, now, missed)
-
-        return skip_ahead
+        if error.round <= target:
+            raise ServerRefused(self.links[server].endpoint, error)
+        return self._abandon_but(server) + self.catch_up(error.round, now, missed)
 
     def push(self, round_: int, gradient: np.ndarray, now: float,
              bare_params: bool = False) -> list[Send]:
@@ -347,12 +375,7 @@ class ClientCore:
         x = self._vector() if round_ + 1 < self.cfg.rounds else None
         steps = {s: self._push_step(s, round_, gradient, x, bare_params)
                  for s in range(len(self.links))}
-
-        def next_round() -> NextRound:
-            owed = tuple(sorted(s for s, v in self.results.items() if v is _OWED))
-            return NextRound(round_ + 1, x, owed=owed)
-
-        return self._begin(steps, next_round, self._caught_up, now)
+        return self._begin(steps, _Exchange(Exchange.PUSH, round_ + 1, x), now)
 
     def _push_step(self, server: int, round_: int, gradient: np.ndarray,
                    x: np.ndarray | None, bare_params: bool = False) -> _Step:
@@ -362,9 +385,10 @@ class ClientCore:
         values = self._slices_of(link, gradient)
         header = replace(self._push_header(link, round_), pull_next=x is not None,
                          bare_params=x is not None and bare_params)
-        step = _Step(encode(header, values), _reader(Ack), idempotent=True, push_round=round_)
+        step = _Step(encode(header, values), Ack, idempotent=True, push_round=round_)
         if x is not None:
-            step.read = self._params_into(x, server, round_ + 1, bare=bare_params)
+            step.expect, step.into = Params, x
+            step.params_round, step.bare_ok = round_ + 1, bare_params
             # counted already: its reply was lost; PULL the next round instead
             step.on_repeat = self._pull_step(x, server, round_ + 1)
             step.on_repeat.repush = reheaded(  # the same values, not encoded again
@@ -374,7 +398,7 @@ class ClientCore:
     def _push_header(self, link: _Link, round_: int) -> Push:
         """This worker's push header of ``round_`` to ``link``'s server process, with its
         end-to-end tag when keys are in use (``pull_next`` and ``bare_params`` off)."""
-        length = link.slices.length  # type: ignore[union-attr]  # known since the WELCOME
+        length = self._slices(link).length
         header = Push(round=round_, worker=self.worker, length=length,
                       dtype=self.cfg.wire_dtype)
         if link.auth is None:
@@ -496,7 +520,8 @@ class ClientCore:
         return self._on_answer(server, reply, now)
 
     def _on_error(self, server: int, reply: Message, now: float) -> list[Send]:
-        error: Error = reply.header  # type: ignore[assignment]
+        error = reply.header
+        assert isinstance(error, Error)  # dispatched on its type (_HANDLERS)
         link = self.links[server]
         step = link.steps[0]
         if step.best_effort:
@@ -506,13 +531,15 @@ class ClientCore:
                   and error.round < step.push_round)
         if (code == ErrorCode.HELLO_FIRST.value or behind) and step.resends < MAX_RESENDS:
             step.resends += 1
-            if behind:
-                return self._replay(server, error.round, step.push_round, now)  # type: ignore[arg-type]
+            if step.push_round is not None and behind:
+                return self._replay(server, error.round, step.push_round, now)
             return [self._hello_again(server), *self._send(server, now)]
         if step.resent() and code in (ErrorCode.DUPLICATE.value, ErrorCode.STALE_ROUND.value):
             return self._complete(server, None, now)  # counted the first time
-        if code == ErrorCode.STALE_ROUND.value and self._on_stale is not None:
-            return self._on_stale(server, error, now)
+        if code == ErrorCode.STALE_ROUND.value:
+            answered = self._stale(server, error, now)
+            if answered is not None:
+                return answered
         if code == ErrorCode.CONFIG_MISMATCH.value:
             return self._bad_reply(server, code, ConfigError(
                 f"{link.endpoint} refused: {error.message}"), now)
@@ -535,26 +562,24 @@ class ClientCore:
 
     def _on_answer(self, server: int, reply: Message, now: float) -> list[Send]:
         step = self.links[server].steps[0]
-        if step.read is None:
+        if step.expect is None:
             log.info("re-pushed to %s: %s", self.links[server].endpoint,
                      type(reply.header).__name__)
             return self._complete(server, True, now)
         try:
-            value = step.read(reply)
+            value = self._read(server, step, reply)
         except PeerError as exc:  # of the wrong kind, round or size
             return self._bad_reply(server, "unusable", exc, now)
         return self._complete(server, value, now)
 
     # -- machinery ---------------------------------------------------------------
 
-    def _begin(self, steps: dict[int, _Step], finish: Callable[[], object],
-               on_stale: _OnStale | None, now: float) -> list[Send]:
-        """Start an exchange: ``steps[s]`` to server s; ``finish()`` makes its outcome."""
+    def _begin(self, steps: dict[int, _Step], exchange: _Exchange, now: float) -> list[Send]:
+        """Start ``exchange``: ``steps[s]`` to server s (its outcome: ``_outcome``)."""
         self.pending = set(steps)
         self.results = {}
         self.outcome = None
-        self._finish = finish
-        self._on_stale = on_stale
+        self.exchange = exchange
         sends = []
         for s, step in steps.items():
             link = self.links[s]
@@ -581,8 +606,31 @@ class ClientCore:
         self.results[server] = value
         self.pending.discard(server)
         if not self.pending:
-            self.outcome = self._finish()
+            self.outcome = self._outcome()
         return []
+
+    def _outcome(self) -> object:
+        """The outcome of the exchange just answered by every server, by its kind."""
+        ex = self.exchange
+        if ex.kind is Exchange.HELLO:
+            return self._welcomed()
+        if ex.kind is Exchange.PULL:
+            return ex.params
+        if ex.kind is Exchange.PUSH:
+            owed = tuple(sorted(s for s, v in self.results.items() if v is _OWED))
+            return NextRound(ex.round, ex.params, owed=owed)
+        return NextRound(ex.round, ex.params, ex.missed)  # CATCH_UP, FILL
+
+    def _stale(self, server: int, error: Error, now: float) -> list[Send] | None:
+        """What a ``stale-round`` refusal does in the exchange, by its kind (None: it is
+        refused like any other ERROR)."""
+        ex = self.exchange
+        if ex.kind is Exchange.CATCH_UP or (ex.kind is Exchange.FILL and not ex.by_push):
+            missed = ex.missed if ex.kind is Exchange.CATCH_UP else True
+            return self._skip_ahead(server, error, ex.round, missed, now)
+        if ex.kind in (Exchange.PUSH, Exchange.FILL):  # its push came after its round
+            return self._caught_up(server, error, now)
+        return None
 
     def _new_connection(self, server: int) -> Send:
         """A new connection to the server (the old one closed) that says HELLO first."""
@@ -603,7 +651,7 @@ class ClientCore:
         sends = [self._new_connection(server)]
         repush = link.steps[0].repush
         if repush is not None:
-            link.steps.appendleft(_Step(repush, None))
+            link.steps.appendleft(_Step(repush, expect=None))
         return sends + self._send(server, now)
 
     def _abandon_but(self, server: int) -> list[Send]:
@@ -626,7 +674,7 @@ class ClientCore:
                     f"round {last}")
             header = replace(self._push_header(link, k), pull_next=True)
             replays.append(_Step(encode(header, self._slices_of(link, gradient)),
-                                 _reader(Params), idempotent=True))
+                                 Params, idempotent=True))
         link.steps.extendleft(reversed(replays))
         return self._send(server, now)
 
@@ -637,7 +685,10 @@ class ClientCore:
     def _welcomed(self) -> list[Welcome]:
         """The WELCOMEs, checked: each endpoint hosts the shards expected there, all of
         one model; d learnt, and where each server's shards lie."""
-        welcomes: list[Welcome] = [self.results[s] for s in range(len(self.links))]  # type: ignore[misc]
+        welcomes = [self.results[s] for s in range(len(self.links))]
+        if not all(isinstance(w, Welcome) for w in welcomes):
+            raise PeerError("a HELLO was answered by something other than a WELCOME")
+        welcomes = cast(list[Welcome], welcomes)
         for link, w in zip(self.links, welcomes, strict=True):
             if tuple(w.shards) != link.shards or w.num_shards != self.cfg.num_shards:
                 raise ConfigError(
@@ -657,9 +708,16 @@ class ClientCore:
         return welcomes
 
     @staticmethod
-    def _slices_of(link: _Link, vector: np.ndarray) -> list[np.ndarray]:
+    def _slices(link: _Link) -> ServerSlices:
+        """Where ``link``'s shards lie in the model (known once its WELCOME came)."""
+        if link.slices is None:
+            raise ValueError(f"{link.endpoint}: no WELCOME yet, d is not known")
+        return link.slices
+
+    @classmethod
+    def _slices_of(cls, link: _Link, vector: np.ndarray) -> list[np.ndarray]:
         """``vector``'s values on ``link``'s shards: one view per contiguous span."""
-        return [vector[a:b] for a, b in link.slices.spans]  # type: ignore[union-attr]
+        return [vector[a:b] for a, b in cls._slices(link).spans]
 
     def _pulls(self, x: np.ndarray, round_: int) -> dict[int, _Step]:
         return {s: self._pull_step(x, s, round_) for s in range(len(self.links))}
@@ -667,33 +725,35 @@ class ClientCore:
     def _pull_step(self, x: np.ndarray, server: int, round_: int) -> _Step:
         """PULL(round_) from ``server``, its PARAMS copied into ``x``."""
         frames = encode(Pull(round=round_, worker=self.worker))
-        return _Step(frames, self._params_into(x, server, round_))
+        return _Step(frames, Params, into=x, params_round=round_)
 
-    def _params_into(self, x: np.ndarray, server: int, round_: int,
-                     bare: bool = False) -> Callable[[Message], object]:
-        """A reader that copies link ``server``'s PARAMS(round_) into ``x`` (each span of
-        its shards where it lies); with ``bare``, a bare PARAMS is taken too (``_OWED``)."""
+    def _read(self, server: int, step: _Step, msg: Message) -> object:
+        """The value of ``msg`` answering ``step`` (``PeerError`` if it cannot): its
+        header; for PARAMS, ``True`` once copied into ``step.into`` (each span of the
+        link's shards where it lies), or ``_OWED`` for a bare one the step takes."""
+        expect = step.expect
+        if expect is None or not isinstance(msg.header, expect):
+            raise PeerError(f"expected {expect.__name__ if expect else 'any'}, got "
+                            f"{type(msg.header).__name__}")
+        h = msg.header
+        if not isinstance(h, Params) or step.into is None:  # a replay: its header will do
+            return h
         link = self.links[server]
-
-        def read(msg: Message) -> object:
-            h: Params = _expect(msg, Params)  # type: ignore[assignment]
-            slices = link.slices
-            if (h.round != round_ or h.length != slices.length  # type: ignore[union-attr]
-                    or tuple(h.shards) != link.shards):
-                raise PeerError(
-                    f"{link.endpoint} sent round {h.round} of shards "
-                    f"{format_shard_set(h.shards) or 'none'} with {h.length} values, expected "
-                    f"round {round_} of shards {format_shard_set(link.shards)} with "
-                    f"{slices.length}")  # type: ignore[union-attr]
-            if h.bare:
-                if not bare:
-                    raise PeerError(f"{link.endpoint} sent a bare PARAMS of round {h.round}, "
-                                    f"which this worker did not ask for")
-                return _OWED
-            msg.tensor_into(*self._slices_of(link, x))
-            return True
-
-        return read
+        slices = self._slices(link)
+        if (h.round != step.params_round or h.length != slices.length
+                or tuple(h.shards) != link.shards):
+            raise PeerError(
+                f"{link.endpoint} sent round {h.round} of shards "
+                f"{format_shard_set(h.shards) or 'none'} with {h.length} values, expected "
+                f"round {step.params_round} of shards {format_shard_set(link.shards)} with "
+                f"{slices.length}")
+        if h.bare:
+            if not step.bare_ok:
+                raise PeerError(f"{link.endpoint} sent a bare PARAMS of round {h.round}, "
+                                f"which this worker did not ask for")
+            return _OWED
+        msg.tensor_into(*self._slices_of(link, step.into))
+        return True
 
 
 _Handler = Callable[[ClientCore, int, Message, float], list[Send]]
@@ -701,15 +761,3 @@ _HANDLERS: dict[type, _Handler] = {
     Welcome: ClientCore._on_welcome,
     Error: ClientCore._on_error,
 }
-
-
-def _expect(msg: Message, kind: type) -> Header:
-    header = msg.header
-    if not isinstance(header, kind):
-        raise PeerError(f"expected {kind.__name__}, got {type(header).__name__}")
-    return header
-
-
-def _reader(kind: type) -> Callable[[Message], Header]:
-    """A reader whose value is the answer's header, which must be a ``kind``."""
-    return lambda msg: _expect(msg, kind)

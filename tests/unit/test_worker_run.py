@@ -1,5 +1,6 @@
-"""A worker process's members (``worker/run.py``): how a worker whose PARAMS came bare
-settles (borrows the lender's x, pulls, or waits), without sockets.
+"""A worker's round as a state machine (``worker/round.py``), driven with a fake clock:
+its phases, and how a worker whose PARAMS came bare settles (borrows the lender's x,
+pulls, or waits), without sockets.
 
 Each member has a real ``ClientCore`` behind a stand-in client that starts an exchange
 at once and keeps what it sent. Two shards: shard 0 holds x[0:5], shard 1 x[5:10].
@@ -14,9 +15,9 @@ import pytest
 
 from common.config import RunConfig
 from common.metrics import JsonlWriter, read_jsonl
-from common.protocol import Params, Pull, Push, Welcome, decode, encode
+from common.protocol import Ack, Error, ErrorCode, Params, Pull, Push, Welcome, decode, encode
 from worker.core import ClientCore, NextRound, Send
-from worker.run import _Member
+from worker.round import Phase, WorkerRound
 
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="mean", q=0,
                 rounds=6).validate()
@@ -65,8 +66,8 @@ class Step:
         return np.full(D, round_ + 0.5, dtype=np.float32), 1.0
 
 
-def member(at: NextRound | None, bare: bool = True) -> _Member:
-    return _Member(WORKER, Step(), FakeClient(), JsonlWriter(None),  # type: ignore[arg-type]
+def member(at: NextRound | None, bare: bool = True) -> WorkerRound:
+    return WorkerRound(WORKER, Step(), FakeClient(), JsonlWriter(None),  # type: ignore[arg-type]
                    at=at, bare=bare)
 
 
@@ -142,14 +143,14 @@ def test_a_member_waits_while_the_lenders_exchange_of_that_round_is_under_way() 
 def test_a_member_that_owes_does_not_push() -> None:
     at = owing(3)
     m = member(at)
-    m.push(CFG)
+    m.push()
     assert m.at is at and m.client.sends == [] and m.step.rounds == []  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("bare", [True, False])
 def test_a_member_pushes_asking_for_bare_params_as_it_is_told(bare: bool) -> None:
     m = member(NextRound(3, x_of(3)), bare=bare)
-    m.push(CFG)
+    m.push()
     assert m.at is None and m.step.rounds == [3]  # type: ignore[attr-defined]
     headers = m.client.headers()  # type: ignore[attr-defined]
     assert [h for _, h in headers] == [
@@ -159,7 +160,7 @@ def test_a_member_pushes_asking_for_bare_params_as_it_is_told(bare: bool) -> Non
 def test_a_member_that_borrowed_pushes_its_round() -> None:
     m = member(owing(3))
     m.settle((NextRound(3, x_of(3)),), 0.0, GRACE_S)
-    m.push(CFG)
+    m.push()
     assert m.at is None and m.step.rounds == [3]  # type: ignore[attr-defined]
 
 
@@ -167,18 +168,18 @@ def test_a_member_that_pulls_what_it_owes_records_its_pushed_round_once(tmp_path
     """The pushed round's metrics line is written when its push is answered, not again
     when the pull of what a bare reply left out ends."""
     path = tmp_path / "worker-1.jsonl"
-    m = _Member(WORKER, Step(), FakeClient(), JsonlWriter(path),  # type: ignore[arg-type]
+    m = WorkerRound(WORKER, Step(), FakeClient(), JsonlWriter(path),  # type: ignore[arg-type]
                 at=NextRound(2, x_of(2)), bare=True)
     core = m.client.core
-    m.push(CFG)
+    m.push()
     core.handle(0, decode(encode(Params(round=3, shards=[0], length=5), x_of(3)[:5])), 2.0)
     core.handle(1, decode(encode(Params(round=3, shards=[1], length=5, bare=True))), 2.0)
-    m.answered(CFG)
+    m.answered()
     assert m.at is not None and m.at.owed == (1,)
     # the lender is past round 3: pull
     m.settle((NextRound(4, x_of(4), missed=True),), 0.0, GRACE_S)
     core.handle(1, decode(encode(Params(round=3, shards=[1], length=5), x_of(3)[5:])), 3.0)
-    m.answered(CFG)
+    m.answered()
     m.metrics.close()
     assert [r["round"] for r in read_jsonl(path)] == [2]
     assert m.at is not None and (m.at.round, m.at.owed, m.at.missed) == (3, (), False)
@@ -205,3 +206,46 @@ def test_a_member_asks_the_servers_once_its_lender_is_late_past_the_grace() -> N
     m.settle((NextRound(2, x_of(2)),), 100.0 + GRACE_S * 2, GRACE_S)
     assert m.at is None
     assert m.client.headers() == [(1, Pull(round=3, worker=WORKER))]  # type: ignore[attr-defined]
+
+
+def test_a_workers_round_goes_through_its_phases() -> None:
+    """READY -> PUSHING -> OWING (bare from server 1) -> FILLING (the lender is past the
+    round) -> READY -> PUSHING -> DONE (the last round's ACKs)."""
+    m = member(NextRound(CFG.rounds - 2, x_of(CFG.rounds - 2)))
+    core = m.client.core
+    assert m.phase is Phase.READY and not m.waiting
+    m.push()
+    assert m.phase is Phase.PUSHING and m.waiting and m.at is None
+    t = CFG.rounds - 1
+    core.handle(0, decode(encode(Params(round=t, shards=[0], length=5), x_of(t)[:5])), 2.0)
+    core.handle(1, decode(encode(Params(round=t, shards=[1], length=5, bare=True))), 2.0)
+    m.answered()
+    assert m.phase is Phase.OWING and m.at is not None and m.at.owed == (1,)
+    m.push()  # owing: nothing to compute from yet
+    assert m.phase is Phase.OWING
+    m.settle((NextRound(CFG.rounds, None),), 3.0, GRACE_S)  # the lender has finished
+    assert m.phase is Phase.FILLING and m.waiting
+    core.handle(1, decode(encode(Params(round=t, shards=[1], length=5), x_of(t)[5:])), 4.0)
+    m.answered()
+    assert m.phase is Phase.READY
+    np.testing.assert_array_equal(m.at.params, x_of(t))
+    m.push()
+    for s in (0, 1):
+        core.handle(s, decode(encode(Ack(round=t, worker=WORKER))), 5.0)
+    m.answered()
+    assert m.phase is Phase.DONE and not m.waiting
+    m.push()
+    assert m.phase is Phase.DONE  # nothing after the last round
+
+
+def test_a_push_whose_round_closed_without_the_worker_catches_up_ready() -> None:
+    m = member(NextRound(2, x_of(2)), bare=False)
+    core = m.client.core
+    m.push()
+    stale = Error(code=ErrorCode.STALE_ROUND.value, message="closed", round=4)
+    core.handle(0, decode(encode(stale)), 2.0)  # round 2 closed without it: pull round 4
+    for s, (a, b) in enumerate(RANGES):
+        core.handle(s, decode(encode(Params(round=4, shards=[s], length=5), x_of(4)[a:b])),
+                    3.0)
+    m.answered()
+    assert m.phase is Phase.READY and (m.at.round, m.at.missed) == (4, True)
