@@ -1,4 +1,4 @@
-"""The paper's claims (``shared/paper-notes.md``, "What the paper reports"), each checked
+"""The paper's claims (``docs/paper.md``, "What the paper says about its figures"), each checked
 against a grid's results with stated thresholds, and the numbers that decide it.
 
 Words of the paper, as measured here (final = the metric at the last round, mean over
@@ -249,8 +249,8 @@ def _krum_stuck_whatever_q(m: Measures) -> Verdict:
     main = {(r, "grid"): m.final(r, "bitflip") for r in KRUM_BASED if m.has(r, "bitflip")}
     if not points and not main:
         return Verdict(NOT_RUN, "no Krum-based run under bit-flip")
-    values = {**points, **main}
-    return Verdict.of(every(below(v, m.fail_below) for v in values.values()),
+    values = [*points.values(), *main.values()]  # (their keys differ: q ints, "grid")
+    return Verdict.of(every(below(v, m.fail_below) for v in values),
                       "; ".join(f"{rule} q={q} {v.text()}" for (rule, q), v in sorted(
                           points.items())) or "; ".join(f"{r} {v.text()}" for (r, _), v in
                                                          main.items()))

@@ -1,6 +1,6 @@
 """The cells of an experiment grid: one training run each, keyed by its settings.
 
-The paper's MNIST grid (Xie, Koyejo, Gupta 2018, Sec. 6; ``shared/paper-notes.md``):
+The paper's MNIST grid (Xie, Koyejo, Gupta 2018, Sec. 6; ``docs/paper.md``, "The experiments"):
 the rules x five scenarios (no attack; Gaussian, omniscient: 6 of n = 20 workers;
 bit-flip on the first 1000 coordinates; gambler with the model over 20 servers), n = 20,
 batch 32, lr 0.1, q = 8 where the rule allows it, the MLP, several seeds; and two
@@ -126,7 +126,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Recipe:
-    """The paper's training settings for a dataset (Sec. 6, ``shared/paper-notes.md``)."""
+    """The paper's training settings for a dataset (Sec. 6; ``docs/paper.md``)."""
 
     model: str
     lr: float
