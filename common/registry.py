@@ -3,19 +3,26 @@ from the module that defines it.
 
 A :class:`Registry` maps names to the registered things in registration order. A
 module adds its own with :meth:`Registry.register` (a class decorator, or a call), and
-a package imports all of its modules with :func:`import_modules`, so adding a rule,
-an attack or a dataset is adding a file. A name is registered once; looking up an
-unknown name raises the registry's error listing the known ones.
+its package's ``__init__`` imports it by name in its ``CATALOGUE``, the one list of the
+package's members: adding a rule, an attack or a dataset is adding a file and naming
+it there. A name is registered once; looking up an unknown name raises the registry's
+error listing the known ones.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
-T = TypeVar("T")
+
+class Named(Protocol):
+    """What a registry holds: anything with a ``name`` (a class attribute of a class)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=Named)
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -35,7 +42,7 @@ class Registry(Mapping[str, T], Generic[T]):
         """Add ``item`` under ``item.name`` (after the registry's ``check`` of it) and
         return it: a class decorator, or a call. ``ValueError`` if the name is taken or
         reserved."""
-        return self.add(item.name, item)  # type: ignore[attr-defined]
+        return self.add(item.name, item)
 
     def add(self, name: str, item: T) -> T:
         """Add ``item`` under ``name`` (a plugin's dotted path or entry-point name: its
@@ -71,11 +78,3 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.what!r}: {', '.join(self._items)})"
-
-
-def import_modules(package: str, path: Iterable[str], skip: Collection[str] = ()) -> None:
-    """Import every module of ``package`` (at ``path``, its ``__path__``) but ``skip``:
-    each registers what it defines."""
-    for module in pkgutil.iter_modules(path):
-        if module.name not in skip:
-            importlib.import_module(f"{package}.{module.name}")

@@ -7,6 +7,25 @@ against the servers' aggregation, ``optimised``) and labelflip (a gradient of fl
 labels).  The README's attack table lists each with its settings.
 """
 
+# The catalogue: every built-in attack, a module each, which registers it
+# when imported (``ps-list`` shows the registry, in the order of their first import).
+from common.attacks import (
+    alie,
+    alie_opt,
+    bitflip,
+    gambler,
+    gaussian,
+    inf,
+    ipm,
+    ipm_opt,
+    labelflip,
+    mimic,
+    minmax,
+    minsum,
+    omniscient,
+    optimised,
+    signflip,
+)
 from common.attacks.base import (
     ATTACKS,
     NO_ATTACK,
@@ -18,9 +37,11 @@ from common.attacks.base import (
     attack_names,
     register_attack,
 )
-from common.registry import import_modules
 
-import_modules(__name__, __path__, skip={"base"})
+CATALOGUE = (
+    alie, alie_opt, bitflip, gambler, gaussian, inf, ipm, ipm_opt, labelflip, mimic, minmax,
+    minsum, omniscient, optimised, signflip,
+)
 
 __all__ = ["ATTACKS", "NO_ATTACK", "Attack", "Site", "ValueAttack", "VectorAttack",
            "attack_class", "attack_names", "register_attack"]

@@ -15,7 +15,7 @@ setting (``common.settings``): flag, ``PS_*`` variable and help come from there,
 roles that take them from where the attack can run (:attr:`Attack.sites`). Each module
 of this package holds one attack, with the pure function that does the math, and
 registers it with :func:`register_attack` (``common.registry``): adding an attack is
-adding a file.
+adding a file and naming it in the package's ``CATALOGUE``.
 
 No attack modifies its inputs. All randomness comes from an explicit generator derived
 with :func:`common.seeding.derive_rng` from (seed, attack, round, worker, shard), so a
@@ -38,7 +38,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -270,6 +270,13 @@ class ValueAttack(Attack):
         raise NotImplementedError
 
 
+class _AimedForge(Protocol):
+    """The ``forge`` of an attack that ``reads_rule``: it takes ``aim=`` too."""
+
+    def __call__(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
+                 num_workers: int, *, aim: Aim) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class VectorAttack(Attack):
     """Classic model: forges whole vectors, by Byzantine workers or at a proxy.
@@ -302,7 +309,8 @@ class VectorAttack(Attack):
             if aim is None:
                 raise ValueError(f"attack {self.name} searches against the run's rule: "
                                  "it needs an aim")
-            return self.forge(honest, num_byzantine, rng, num_workers, aim=aim)
+            forge = cast(_AimedForge, self.forge)  # (reads_rule: the class says so)
+            return forge(honest, num_byzantine, rng, num_workers, aim=aim)
         return self.forge(honest, num_byzantine, rng, num_workers)
 
     def relabel(self, targets: Any, num_classes: int) -> Any:

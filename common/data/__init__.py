@@ -9,6 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The catalogue: every built-in dataset family, a module each, which registers it
+# when imported (``ps-list`` shows the registry, in the order of their first import).
+from common.data import (
+    cifar10,
+    idx,
+    synthetic,
+)
 from common.data.base import (
     DATASETS,
     Dataset,
@@ -26,9 +33,10 @@ from common.data.sampling import (
     run_partitions,
     write_partition,
 )
-from common.registry import import_modules
 
-import_modules(__name__, __path__, skip={"base", "sampling"})
+CATALOGUE = (
+    cifar10, idx, synthetic,
+)
 
 
 def dataset_spec(name: str) -> DatasetSpec:

@@ -3,7 +3,8 @@
 Implements the rules of Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD"
 (ICML 2018) and common baselines; each module of this package holds one rule, cites
 its source, declares the run settings of its options (``Settings``) and registers it
-(``@register_rule``), so adding a rule, with its options, is adding a file. A run's
+(``@register_rule``), so adding a rule, with its options, is adding a file and naming
+it in ``CATALOGUE`` below. A run's
 pre-aggregation chain, rule and rule state are built together by
 ``common.rules.defence.Defence``. Usage::
 
@@ -11,7 +12,22 @@ pre-aggregation chain, rule and rule state are built together by
     out = rule(G)  # G: (n, d) float32 torch.Tensor -> (d,) float32
 """
 
-from common.registry import import_modules
+# The catalogue: every built-in rule, a module each, which registers it
+# when imported (``ps-list`` shows the registry, in the order of their first import).
+from common.rules import (
+    bulyan,
+    caf,
+    centered_clipping,
+    geomed,
+    krum,
+    marmed,
+    mda,
+    meamed,
+    mean,
+    medoid,
+    smea,
+    trimmed_mean,
+)
 from common.rules.base import (
     RULES,
     OptionSettings,
@@ -23,7 +39,10 @@ from common.rules.base import (
     rule_names,
 )
 
-import_modules(__name__, __path__, skip={"base", "defence", "kernels"})
+CATALOGUE = (
+    bulyan, caf, centered_clipping, geomed, krum, marmed, mda, meamed, mean, medoid, smea,
+    trimmed_mean,
+)
 
 __all__ = ["RULES", "OptionSettings", "Rule", "RuleError", "make_rule", "register_rule",
            "rule_class", "rule_names"]

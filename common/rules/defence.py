@@ -8,8 +8,9 @@ the launcher's warm-up and the benchmarks all aggregate through :class:`Defence`
 A rule or a pre-aggregator declares the options a run sets as settings (its
 ``Settings``, see ``common.rules.base.OptionSettings``); :func:`with_option_settings`
 makes them fields of the run's settings (``RunConfig``), named after their flags
-(``--cc-tau``: ``cc_tau``), so adding a rule with an option is adding its file, and
-:func:`options_of` reads them back as the keyword options of the rule.
+(``--cc-tau``: ``cc_tau``), so adding a rule with an option is adding its file (named
+in the catalogue), and :func:`options_of` reads them back as the keyword options of
+the rule.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.errors import ConfigError
-from common.rules.base import RULES, Rule, Step, make_rule, option_settings
+from common.rules.base import RULES, Rule, Step, as_int, make_rule, option_settings
 from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows, check_chain
 from common.settings import METADATA_KEY, ROLES, Declared
 
@@ -40,6 +41,12 @@ def options_of(cls: type[Step], values: Any) -> dict[str, Any]:
     not hold (a plugin's, loaded after they were built: ``common.plugins``) at its
     default."""
     return {d.name: getattr(values, d.param, d.default) for d in option_settings(cls)}
+
+
+def validated_q(cfg: RunConfig) -> int:
+    """``cfg.q`` of a validated run (``RunConfig.validate`` sets an unset q to the
+    rule's default); an unset one is refused as the rules refuse it: ``RuleError``."""
+    return as_int(cfg.q, "q")
 
 
 def rule_options(cfg: RunConfig) -> dict[str, Any]:
@@ -60,7 +67,7 @@ def rows_after_chain(cfg: RunConfig, rows: int) -> int:
 def check_defence(cfg: RunConfig, rows: int) -> int:
     """Check that the chain and the rule can aggregate ``rows`` rows at ``cfg.q``; the rows
     the rule then gets. ``RuleError`` naming the step that cannot."""
-    return check_chain(cfg.pre_names(), cfg.rule, rows, cfg.q, pre_options(cfg),
+    return check_chain(cfg.pre_names(), cfg.rule, rows, validated_q(cfg), pre_options(cfg),
                        rule_options(cfg))
 
 
@@ -121,7 +128,8 @@ def built_ins(steps: Iterable[type[Step]]) -> list[type[Step]]:
     return [s for s in steps if built_in(s)]
 
 
-def with_option_settings(after: Mapping[str, Iterable[type]]) -> Callable[[type], type]:
+def with_option_settings(after: Mapping[str, Iterable[type[Step]]]
+                         ) -> Callable[[type], type]:
     """Class decorator, under ``@dataclass``: after each field named in ``after``, add the
     settings that the classes ``after[field]`` (rules, pre-aggregators) declare, each as
     a field named after its flag; they are run settings (every role takes them, and they
@@ -206,8 +214,9 @@ class Defence:
         built = self._built.get(rows)
         if built is None:
             cfg = self.cfg
-            chain = Chain(cfg.pre_names(), rows, cfg.q, pre_options(cfg))
-            rule = make_rule(cfg.rule, chain.rows_out, cfg.q, **rule_options(cfg))
+            q = validated_q(cfg)
+            chain = Chain(cfg.pre_names(), rows, q, pre_options(cfg))
+            rule = make_rule(cfg.rule, chain.rows_out, q, **rule_options(cfg))
             built = self._built[rows] = (chain, rule)
         return built
 

@@ -9,7 +9,13 @@ A run's chain is built with its rule by ``common.rules.defence.Defence``.  Usage
     rows = chain(G, RoundContext(seed, round, shard))   # (n, d) -> (chain.rows_out, d)
 """
 
-from common.registry import import_modules
+# The catalogue: every built-in pre-aggregator, a module each, which registers it
+# when imported (``ps-list`` shows the registry, in the order of their first import).
+from common.rules.pre import (
+    arc,
+    bucketing,
+    nnm,
+)
 from common.rules.pre.base import (
     PRE_AGGREGATORS,
     Chain,
@@ -23,7 +29,9 @@ from common.rules.pre.base import (
     register_pre,
 )
 
-import_modules(__name__, __path__, skip={"base"})
+CATALOGUE = (
+    arc, bucketing, nnm,
+)
 
 __all__ = ["PRE_AGGREGATORS", "Chain", "PreAggregator", "RoundContext", "chain_rows",
            "check_chain", "parse_chain", "pre_class", "pre_names", "register_pre"]
