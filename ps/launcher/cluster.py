@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -90,9 +90,16 @@ class Cluster:
     """Starts the processes of one run in order (servers, proxies, workers, the
     evaluator), each with the argv its role takes; its :class:`Supervisor` watches them
     and its :class:`RunReport` reports the run. ``processes``: the children, restarted
-    ones in place of those they replace."""
+    ones in place of those they replace.
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    ``workers``: start only these worker ids, one process each (default: all n, in the
+    processes of ``--worker-processes``). A test bed: the other workers' keys are held
+    by someone else (``ps.chaos``: the attackers', whose workers never run), so the
+    servers' quorum must do without them; the supervisor counts the spare workers among
+    those started (with a quorum of all of them, none may be lost). ``command.json``
+    does not record it: a resumed run starts all n."""
+
+    def __init__(self, spec: ClusterSpec, workers: Iterable[int] | None = None) -> None:
         self.spec = spec
         self.out = spec.out_dir
         self.run_dir = self.out / "run"
@@ -104,8 +111,9 @@ class Cluster:
         # the shards of each server process, by its name's number (its first shard)
         self.blocks = {block[0]: block for block in spec.cluster.blocks(spec.cfg.num_shards)}
         # the workers of each worker process, by its name's number (its first worker)
-        self.teams = {team[0]: team
-                      for team in spec.cluster.worker_blocks(spec.cfg.num_workers)}
+        self.teams = ({team[0]: team
+                       for team in spec.cluster.worker_blocks(spec.cfg.num_workers)}
+                      if workers is None else started_alone(workers, spec.cfg.num_workers))
         self.supervisor = Supervisor(self.processes, self._respawn, spec.cluster,
                                      quorum=spec.server.rows_needed(spec.cfg),
                                      workers_of=self._workers_of)
@@ -352,6 +360,17 @@ class Cluster:
                 missing = [f.name for f in ready_files if not f.exists()]
                 raise ClusterTimeout(f"not ready after {READY_TIMEOUT_S:g} s: {missing}")
             time.sleep(0.05)
+
+
+def started_alone(workers: Iterable[int], n: int) -> dict[int, tuple[int, ...]]:
+    """The teams of a cluster that starts only ``workers``, one process each;
+    ``ConfigError`` for none, a repeated id or one outside 0..n-1."""
+    ids = list(workers)
+    if not ids or len(set(ids)) != len(ids) or not all(0 <= i < n for i in ids):
+        raise ConfigError(f"the workers to start must be distinct ids in 0..{n - 1} "
+                          f"(n={n}), at least one: got {ids}")
+    return {i: (i,) for i in sorted(ids)}
+
 
 def check_launchable(spec: ClusterSpec) -> None:
     """``ConfigError`` for settings the processes would refuse, before starting any."""
