@@ -30,6 +30,10 @@ checkpoint; a read-only root file system with a tmpfs ``/tmp``; memory and pids 
 (``ps/deploy/resources.py``) and rotated logs. No container writes a key a server
 reads, nor another node's files.
 
+The file is built as data (:func:`compose_spec`: the ``x-node``, ``x-run`` and
+``x-ready`` anchors, the services) and written with PyYAML (``ps.deploy.yamlfile``)
+after a header of comments; the generator is a click command (:func:`build_command`).
+
 Every node restarts when it dies (``restart: on-failure``, a few times): a server
 resumes from its checkpoint (``PS_RESUME``) and the workers replay what it lost; a
 worker rejoins at the servers' round.
@@ -56,15 +60,17 @@ directory, so a file written anywhere (``-o``) works from where it is.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from common import plugins
 from common.attacks import ATTACKS, NO_ATTACK, attack_names
@@ -88,6 +94,7 @@ from common.settings import (
 from common.sharding import ShardSet, format_shard_set
 from ps.commands import DEPLOYED, command_of, setting_classes
 from ps.deploy import resources
+from ps.deploy.yamlfile import MERGE, Anchored, Flow, Literal, Quoted, dump
 from ps.launcher.options import ClusterOptions
 from ps.proxy.options import ProxyOptions
 from server.deadline import AUTO, NONE
@@ -416,12 +423,10 @@ def gpu_services(dep: Deployment) -> bool:
 GPU_REQUEST = {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
 
 
-def gpu_lines(indent: str) -> list[str]:
-    """The compose file's device request, at ``indent``."""
-    return [f"{indent}deploy:", f"{indent}  resources:", f"{indent}    reservations:",
-            f"{indent}      devices:", f"{indent}        - driver: {GPU_REQUEST['driver']}",
-            f"{indent}          count: {GPU_REQUEST['count']}",
-            f"{indent}          capabilities: [{', '.join(GPU_REQUEST['capabilities'])}]"]
+def gpu_deploy() -> dict[str, Any]:
+    """The compose file's device request (a service's ``deploy:``)."""
+    request = {**GPU_REQUEST, "capabilities": Flow(GPU_REQUEST["capabilities"])}
+    return {"resources": {"reservations": {"devices": [request]}}}
 
 
 def deployment_sizes(dep: Deployment) -> resources.Sizes:
@@ -496,166 +501,176 @@ def runs_dir_script(dep: Deployment) -> str:
     ])
 
 
+# The image and user of every container, and what each is denied (the ``x-node`` anchor)
+IMAGE = "${PS_IMAGE:-byzps:latest}"
+USER = "${PS_UID:-1000}:${PS_GID:-1000}"  # non-root; PS_UID/PS_GID: the files are yours
+
+
+def compose_spec(dep: Deployment, output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
+    """The compose file's content as data (``ps.deploy.yamlfile`` types where it is to be
+    written as an anchor, an alias, a flow list, a literal block or a quoted string),
+    for a file at ``output`` (relative to the repository root: its host paths are
+    relative to the file's directory)."""
+    runs = runs_host(output)
+    limits = service_limits(dep, deployment_sizes(dep))
+    node = Anchored("node", {
+        "image": IMAGE,
+        "user": Quoted(USER),
+        "cap_drop": Flow(["ALL"]),
+        "security_opt": Flow(["no-new-privileges:true"]),
+        # nothing writable but the mounts and /tmp (the ready file, numba's cache)
+        "read_only": True,
+        "tmpfs": Flow([f"/tmp:size={resources.mebibytes(resources.TMPFS_BYTES)}m"]),
+        # the process's output is its log: rotated by Docker (docker compose logs)
+        "logging": {"driver": resources.LOG_DRIVER,
+                    "options": {k: Quoted(v) for k, v in resources.LOG_OPTIONS.items()}},
+        "restart": Quoted("no"),
+    })
+    run = Anchored("run", {k: Quoted(v) for k, v in to_environ(dep.cfg, SERVER).items()})
+    ready = Anchored("ready", {"test": Flow(["CMD", "test", "-f", str(READY_FILE)]),
+                               "interval": "2s", "timeout": "2s", "retries": 150})
+    services: dict[str, Any] = {
+        # It starts first, so it carries the build.
+        "runs-dir": {
+            MERGE: node,
+            "build": {"context": root_from(output),
+                      "args": {"TORCH_INDEX_URL": "${TORCH_INDEX_URL:-}"}},
+            "user": Quoted("0:0"),
+            "cap_add": Flow(["CHOWN", "DAC_OVERRIDE"]),
+            "network_mode": "none",
+            **_limits(limits["runs-dir"]),
+            "volumes": [f"{runs}:{OUT_DIR}"],
+            "command": ["sh", "-c", Literal(runs_dir_script(dep) + "\n")],
+        },
+        "keys": {
+            MERGE: node,
+            "network_mode": "none",
+            **_limits(limits["keys"]),
+            "volumes": [f"{runs}/keys:{KEYS_DIR}"],
+            "command": Flow(["ps-keys", "--force", "--dir", ALL_KEYS_DIR,
+                             "--bundles", str(KEYS_DIR), *keys_arguments(dep)]),
+            "depends_on": {"runs-dir": {"condition": "service_completed_successfully"}},
+        },
+    }
+    servers = list(dep.servers)
+    proxy_names = [f"proxy-{k}" for k in dep.proxied]
+    depends = {"server": ["keys"], "worker": servers + proxy_names, "evaluator": servers}
+    shared: dict[tuple[str, ...], Anchored] = {}  # one depends_on block per set: aliases
+    for name, (command, env) in service_environments(dep).items():
+        kind = name.split("-")[0]
+        needs = tuple(depends[kind] if kind != "proxy" else [f"server-{name.split('-')[1]}"])
+        if needs not in shared:
+            shared[needs] = Anchored(f"{name}-deps", {
+                d: {"condition": "service_completed_successfully" if d == "keys"
+                    else "service_healthy"} for d in needs})
+        service: dict[Any, Any] = {
+            MERGE: node,
+            "command": Flow([command]),
+            "restart": Quoted(RESTART_POLICY),
+            **_limits(limits[name]),
+            "volumes": [f"{runs}/{name}:{OUT_DIR}", f"{runs}/keys/{name}:{KEYS_DIR}:ro"],
+            "environment": {MERGE: run, **{k: Quoted(v) for k, v in env.items()}},
+            "depends_on": shared[needs],
+        }
+        if kind in ("server", "proxy"):
+            service["healthcheck"] = ready
+        if kind in ("worker", "evaluator") and gpu_services(dep):
+            service["deploy"] = gpu_deploy()  # the host's GPUs: NVIDIA Container Toolkit
+        services[name] = service
+    return {"version": Quoted("2.4"), "x-node": node, "x-run": run, "x-ready": ready,
+            "services": services}
+
+
+def compose_comments(dep: Deployment) -> dict[str, list[str]]:
+    """The comments written before the compose file's top-level blocks and set-up
+    services (what YAML cannot carry inside them is in docs/docker.md)."""
+    return {
+        "x-node": ["every container: non-root (PS_UID/PS_GID), no capability, a read-only",
+                   "root with a tmpfs /tmp, rotated json-file logs (docs/docker.md)"],
+        "x-run": ["the run configuration, identical on every node (the servers compare "
+                  "its hash)"],
+        "x-ready": ["servers and proxies write PS_READY_FILE once they listen (a proxy: "
+                    "once its", "server answered too); no Python, no torch in the check"],
+        "services.runs-dir": [
+            "one directory per service under the host's runs directory (handed to the",
+            "containers' user if root's: the Docker daemon creates a missing one so), and",
+            "the previous run's checkpoints removed: every `up` is a new run; it starts",
+            "first, so it carries the build"],
+        "services.keys": [
+            *(["the run's CURVE keys, new for every `up` (a proxy's key only because this",
+               "experiment runs a man-in-the-middle test proxy): the full set in this"]
+              if dep.proxied else
+              ["the run's CURVE keys, new for every `up`: the full set in this"]),
+            f"container's tmpfs ({ALL_KEYS_DIR}, gone with it), and keys/<identity>/ holding",
+            "exactly what that identity's process loads, for its container alone"],
+    }
+
+
 def render(dep: Deployment, options: Mapping[str, Any], output: str = DEFAULT_OUTPUT) -> str:
     """The compose file of ``dep`` with the given topology options, to be written to
-    ``output`` (relative to the repository root: its host paths are relative to it)."""
-    cfg = dep.cfg
-    n = cfg.num_workers
+    ``output`` (relative to the repository root: its host paths are relative to it):
+    the header, then :func:`compose_spec` written by ``ps.deploy.yamlfile.dump``."""
     byzantine = options["byzantine_workers"]
-    sizes = deployment_sizes(dep)
-    limits = service_limits(dep, sizes)
-    runs = runs_host(output)
-    output = display_path(output)
-    out = [
+    header = [
         *generated_lines(options, SCRIPT, "docs/docker.md"),
-        f"# Topology: {topology_text(dep)}, {n} workers, {proxies_text(dep)}"
+        f"# Topology: {topology_text(dep)}, {dep.cfg.num_workers} workers, {proxies_text(dep)}"
         + (f", Byzantine workers {','.join(map(str, byzantine))} ({options['worker_attack']})"
            if byzantine else "") + ", one evaluator.",
         "# Regenerate: " + command_for(options, SCRIPT, output),
         ARGS_MARK + json.dumps(options, sort_keys=True),
         "#",
         "# Each node's container mounts its own key bundle read-only at /keys and its own",
-        f"# directory {runs}/<service> at /runs, nothing else writable;",
-        f"# memory limits for d = {sizes.num_params:,} parameters (ps/deploy/resources.py).",
+        f"# directory {runs_host(output)}/<service> at /runs, nothing else writable;",
+        f"# memory limits for d = {deployment_sizes(dep).num_params:,} parameters "
+        "(ps/deploy/resources.py).",
         "# File format 2.4: `depends_on` with a `condition:` works with docker-compose v1",
         "# (1.29+) and with `docker compose` v2.",
-        'version: "2.4"',
-        "",
-        "x-node: &node",
-        "  image: ${PS_IMAGE:-byzps:latest}",
-        "  # non-root; PS_UID/PS_GID let the files on the host belong to you",
-        '  user: "${PS_UID:-1000}:${PS_GID:-1000}"',
-        "  cap_drop: [ALL]",
-        "  security_opt: [no-new-privileges:true]",
-        "  # nothing writable but the mounts and /tmp (the ready file, numba's cache)",
-        "  read_only: true",
-        f"  tmpfs: [\"/tmp:size={resources.mebibytes(resources.TMPFS_BYTES)}m\"]",
-        "  # the process's output is its log: rotated by Docker (docker compose logs)",
-        "  logging:",
-        f"    driver: {resources.LOG_DRIVER}",
-        "    options:",
-        *[f'      {k}: "{v}"' for k, v in resources.LOG_OPTIONS.items()],
-        '  restart: "no"',
-        "",
-        "# the run configuration, identical on every node (the servers compare its hash)",
-        "x-run: &run",
-        *[f'  {k}: "{v}"' for k, v in to_environ(cfg, SERVER).items()],
-        "",
-        "# servers and proxies write PS_READY_FILE once they listen (a proxy: once its",
-        "# server answered too); no Python, no torch in the check",
-        "x-ready: &ready",
-        f'  test: ["CMD", "test", "-f", "{READY_FILE}"]',
-        "  interval: 2s",
-        "  timeout: 2s",
-        "  retries: 150",
-        "",
-        "services:",
-        # It starts first, so it builds the image.
-        "  # one directory per service under the host's runs directory (handed to the",
-        "  # containers' user if root's: the Docker daemon creates a missing one so), and",
-        "  # the previous run's checkpoints removed: every `up` is a new run",
-        "  runs-dir:",
-        "    <<: *node",
-        "    build:",
-        f"      context: {root_from(output)}",
-        "      args:",
-        "        TORCH_INDEX_URL: ${TORCH_INDEX_URL:-}",
-        '    user: "0:0"',
-        "    cap_add: [CHOWN, DAC_OVERRIDE]",
-        "    network_mode: none",
-        *_limits(limits["runs-dir"]),
-        "    volumes:",
-        f"      - {runs}:{OUT_DIR}",
-        "    command:",
-        "      - sh",
-        "      - -c",
-        "      - |",
-        *[f"        {line}" for line in runs_dir_script(dep).splitlines()],
-        "",
-        *(["  # the run's CURVE keys, new for every `up` (a proxy's key only because this",
-           "  # experiment runs a man-in-the-middle test proxy): the full set in this"]
-          if dep.proxied else
-          ["  # the run's CURVE keys, new for every `up`: the full set in this"]),
-        f"  # container's tmpfs ({ALL_KEYS_DIR}, gone with it), and keys/<identity>/ holding",
-        "  # exactly what that identity's process loads, for its container alone",
-        "  keys:",
-        "    <<: *node",
-        "    network_mode: none",
-        *_limits(limits["keys"]),
-        "    volumes:",
-        f"      - {runs}/keys:{KEYS_DIR}",
-        f"    command: [ps-keys, --force, --dir, {ALL_KEYS_DIR}, --bundles, {KEYS_DIR}, "
-        + ", ".join(a if a.startswith("--") else f"'{a}'" for a in keys_arguments(dep)) + "]",
-        "    depends_on:",
-        "      runs-dir:",
-        "        condition: service_completed_successfully",
-        "",
     ]
-    servers = list(dep.servers)
-    proxy_names = [f"proxy-{k}" for k in dep.proxied]
-    depends = {"server": ["keys"], "proxy": None, "worker": servers + proxy_names,
-               "evaluator": servers}
-    anchors: dict[tuple[str, ...], str] = {}
-    for name, (command, env) in service_environments(dep).items():
-        out += [f"  {name}:", "    <<: *node", f"    command: [{command}]",
-                f'    restart: "{RESTART_POLICY}"', *_limits(limits[name]),
-                "    volumes:",
-                f"      - {runs}/{name}:{OUT_DIR}",
-                f"      - {runs}/keys/{name}:{KEYS_DIR}:ro",
-                "    environment:", "      <<: *run"]
-        out += [f'      {k}: "{v}"' for k, v in env.items()]
-        kind = name.split("-")[0]
-        needs = depends[kind] if kind != "proxy" else [f"server-{name.split('-')[1]}"]
-        key = tuple(needs)
-        if key in anchors:  # the same block again: a YAML alias
-            out.append(f"    depends_on: *{anchors[key]}")
-        else:
-            anchors[key] = f"{name}-deps"
-            out.append(f"    depends_on: &{anchors[key]}")
-            for d in needs:
-                done = "completed_successfully" if d == "keys" else "healthy"
-                out += [f"      {d}:", f"        condition: service_{done}"]
-        if kind in ("server", "proxy"):
-            out.append("    healthcheck: *ready")
-        if kind in ("worker", "evaluator") and gpu_services(dep):
-            out += ["    # PS_DEVICE cuda: the host's GPUs, through the NVIDIA Container "
-                    "Toolkit", *gpu_lines("    ")]
-        out.append("")
-    return "\n".join(out).rstrip("\n") + "\n"
+    body = dump(compose_spec(dep, output), compose_comments(dep), spaced=("services",))
+    return "\n".join(header) + "\n" + body
 
 
-def _limits(limit: tuple[int, int]) -> list[str]:
+def _limits(limit: tuple[int, int]) -> dict[str, Any]:
     """A service's memory (no swap beyond it) and pids limits."""
     memory = f"{resources.mebibytes(limit[0])}m"
-    return [f"    mem_limit: {memory}", f"    memswap_limit: {memory}",
-            f"    pids_limit: {limit[1]}"]
+    return {"mem_limit": memory, "memswap_limit": memory, "pids_limit": limit[1]}
 
 
 def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    """The generators' options for the env file and the topology (recorded in the file)."""
-    parser.add_argument("--env-file", default=DEFAULT_ENV,
-                        help="env file holding the run's settings, relative to the "
-                        f"repository root (default {DEFAULT_ENV})")
-    parser.add_argument("--experiment", default=None, metavar="FILE",
-                        help="an experiment's env file whose KEY=VALUE lines override the "
-                        "env file's (e.g. docker/experiments/gambler.env: the gambler "
-                        "proxy), relative to the repository root")
-    parser.add_argument("--proxy-shards", type=int_list, default=[0],
-                        help="shards with a ps-proxy in front when the env file names a "
-                        "PS_PROXY_ATTACK (comma-separated, '' for none; default 0); with "
-                        "PS_PROXY_ATTACK=none there is no proxy and no proxy key")
-    parser.add_argument("--byzantine-workers", type=int_list, default=[],
-                        help="worker ids that run --worker-attack (comma-separated)")
-    parser.add_argument("--worker-attack", choices=attack_names(WORKER)[1:], default="gaussian",
-                        help="attack of the Byzantine workers (default gaussian)")
+def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        return int_list(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
 
 
-def topology_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of :func:`add_topology_arguments` as recorded in a generated file."""
+def topology_params() -> list[click.Option]:
+    """The generators' options for the env files and the topology (recorded in the file)."""
+    return [
+        click.Option(["--env-file"], default=DEFAULT_ENV, metavar="FILE",
+                     help="env file holding the run's settings, relative to the repository "
+                     f"root (default {DEFAULT_ENV})"),
+        click.Option(["--experiment"], default=None, metavar="FILE",
+                     help="an experiment's env file whose KEY=VALUE lines override the env "
+                     "file's (e.g. docker/experiments/gambler.env: the gambler proxy), "
+                     "relative to the repository root"),
+        click.Option(["--proxy-shards"], default="0", callback=_int_list, metavar="IDS",
+                     help="shards with a ps-proxy in front when the settings name a "
+                     "PS_PROXY_ATTACK (comma-separated, '' for none; default 0); with "
+                     "PS_PROXY_ATTACK=none there is no proxy and no proxy key"),
+        click.Option(["--byzantine-workers"], default="", callback=_int_list, metavar="IDS",
+                     help="worker ids that run --worker-attack (comma-separated)"),
+        click.Option(["--worker-attack"], default="gaussian",
+                     type=click.Choice(attack_names(WORKER)[1:]),
+                     help="attack of the Byzantine workers (default gaussian)"),
+    ]
+
+
+def topology_options(args: Any) -> dict[str, Any]:
+    """The options of :func:`topology_params` as recorded in a generated file."""
     return {
         "env_file": args.env_file,
         "experiment": args.experiment or None,
@@ -666,7 +681,8 @@ def topology_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def recorded_options(path: Path, mark: str) -> dict[str, Any] | None:
-    """The options recorded after ``mark`` in a generated file's header (None: no such line)."""
+    """The options recorded after ``mark`` in a generated file's header (None: no such
+    line); an option the file predates has its default."""
     recorded = None
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith(mark):
@@ -674,29 +690,70 @@ def recorded_options(path: Path, mark: str) -> dict[str, Any] | None:
     return recorded
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_topology_arguments(parser)
-    parser.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
-                        help=f"compose file to write (default {DEFAULT_OUTPUT})")
-    parser.add_argument("--workers", "-n", type=int, help="set PS_WORKERS in the env file first")
-    parser.add_argument("--shards", "-S", type=int, help="set PS_SHARDS in the env file first")
-    parser.add_argument("--server-processes", "-P", type=int,
-                        help=f"set {SERVER_PROCESSES.env} in the env file first (the server "
-                        "processes the S shards are spread over, 1..S)")
-    parser.add_argument("--check", action="store_true",
-                        help="do not write: exit 1 if the compose file differs from what "
-                        "its recorded options and the env file give")
-    args = parser.parse_args(argv)
+# -h as well as --help; the defaults are in the help texts
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def generator_command(name: str, help_text: str, default_output: str, kind: str,
+                      params: list[click.Option], generate: Callable[[Any], int],
+                      ) -> click.Command:
+    """A generator's click command: the topology options, ``--output``, ``params``,
+    ``--check``; ``generate`` gets them as attributes and returns the exit status (a
+    ``ConfigError`` is said on stderr as ``<name>: <message>``, exit 2)."""
+
+    def run(**kwargs: Any) -> int:
+        try:
+            return generate(SimpleNamespace(**kwargs))
+        except ConfigError as exc:
+            click.echo(f"{name}: {exc}", err=True)
+            return 2
+
+    return click.Command(
+        name, callback=run, help=help_text, context_settings=CONTEXT_SETTINGS, params=[
+            *topology_params(),
+            click.Option(["--output", "-o"], default=default_output, metavar="FILE",
+                         help=f"{kind} file to write (default {default_output})"),
+            *params,
+            click.Option(["--check"], is_flag=True,
+                         help=f"do not write: exit 1 if the {kind} file differs from what "
+                         "its recorded options and the env file give"),
+        ])
+
+
+def run_command(command: click.Command, argv: list[str] | None, script: str) -> int:
+    """Run ``command`` (the generator ``script``) on ``argv`` (None: the process's
+    arguments): its exit status, 2 for a usage error (said on stderr), 0 after
+    ``--help``."""
     try:
-        return _generate(args)
-    except ConfigError as exc:
-        print(f"gen_compose: {exc}", file=sys.stderr)
-        return 2
+        status = command.main(args=argv, prog_name=Path(script).name, standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    return status if isinstance(status, int) else 0
 
 
-def generator_options(args: argparse.Namespace, mark: str, script: str,
-                      ) -> dict[str, Any] | None:
+def build_command() -> click.Command:
+    """``docker/gen_compose.py``."""
+    return generator_command("gen_compose", __doc__.split("\n\n")[0], DEFAULT_OUTPUT,
+                             "compose", [
+        click.Option(["--workers", "-n"], type=int, default=None,
+                     help="set PS_WORKERS in the env file first"),
+        click.Option(["--shards", "-S"], type=int, default=None,
+                     help="set PS_SHARDS in the env file first"),
+        click.Option(["--server-processes", "-P"], type=int, default=None,
+                     help=f"set {SERVER_PROCESSES.env} in the env file first (the server "
+                     "processes the S shards are spread over, 1..S)"),
+    ], _generate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_command(), argv, SCRIPT)
+
+
+def generator_options(args: Any, mark: str, script: str) -> dict[str, Any] | None:
     """The topology options of a generator run: with ``--check``, those recorded after
     ``mark`` in ``args.output`` (None, said on stderr, if it has none); else the command
     line's."""
@@ -712,7 +769,7 @@ def generator_options(args: argparse.Namespace, mark: str, script: str,
     return recorded
 
 
-def check_or_write(args: argparse.Namespace, dep: Deployment, options: dict[str, Any],
+def check_or_write(args: Any, dep: Deployment, options: dict[str, Any],
                    text: str, script: str, default_output: str = DEFAULT_OUTPUT) -> int:
     """Write ``text`` to ``args.output``, or with ``--check`` exit 1 if it holds other text."""
     output = ROOT / args.output
@@ -734,7 +791,7 @@ def check_or_write(args: argparse.Namespace, dep: Deployment, options: dict[str,
     return 0
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _generate(args: Any) -> int:
     options = generator_options(args, ARGS_MARK, SCRIPT)
     if options is None:
         return 1

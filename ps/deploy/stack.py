@@ -38,14 +38,12 @@ See docs/deploy.md for the whole path from machines to results.
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError
+import click
+
 from common.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, key_names, needed_keys
 from common.settings import SERVER, to_environ
 from ps.deploy import resources
@@ -53,21 +51,23 @@ from ps.deploy.compose import (
     OUT_DIR,
     READY_FILE,
     Deployment,
-    add_topology_arguments,
     check_or_write,
     command_for,
     deployment_of,
     deployment_sizes,
     display_path,
     generated_lines,
+    generator_command,
     generator_options,
     gpu_services,
     keys_arguments,
     proxies_text,
+    run_command,
     service_environments,
     service_limits,
     topology_text,
 )
+from ps.deploy.yamlfile import Flow, FlowMap, Octal, Quoted, dump
 
 SCRIPT = "docker/gen_stack.py"
 DEFAULT_OUTPUT = "docker/stack.yml"
@@ -90,10 +90,6 @@ ENDPOINT_MODE = "dnsrr"
 RESTART_POLICY = {"condition": "on-failure", "delay": "5s", "max_attempts": 3}
 
 
-class Octal(int):
-    """An int written in octal in the YAML (a file mode)."""
-
-
 def service_keys(dep: Deployment) -> dict[str, list[str]]:
     """Service -> the key files it gets: exactly what its process loads
     (:func:`common.keys.needed_keys` of the identity the service is named after): its
@@ -114,8 +110,8 @@ def service_keys(dep: Deployment) -> dict[str, list[str]]:
 
 def _secret_mount(name: str) -> dict[str, Any]:
     secret = name.endswith(SECRET_SUFFIX)
-    return {"source": name, "target": str(SECRETS_DIR / name), "uid": IMAGE_USER,
-            "gid": IMAGE_USER, "mode": Octal(0o400 if secret else 0o444)}
+    return FlowMap({"source": name, "target": str(SECRETS_DIR / name), "uid": IMAGE_USER,
+            "gid": IMAGE_USER, "mode": Octal(0o400 if secret else 0o444)})
 
 
 def stack_spec(dep: Deployment) -> dict[str, Any]:
@@ -140,17 +136,17 @@ def stack_spec(dep: Deployment) -> dict[str, Any]:
             deploy["resources"]["reservations"] = {"generic_resources": [
                 {"discrete_resource_spec": {"kind": GPU_RESOURCE, "value": 1}}]}
         service: dict[str, Any] = {
-            "image": IMAGE, "command": [command],
-            "environment": {**run, **env},
+            "image": IMAGE, "command": Flow([command]),
+            "environment": {k: Quoted(v) for k, v in {**run, **env}.items()},
             "secrets": [_secret_mount(key) for key in keys[name]],
             "volumes": [f"{VOLUME_PREFIX}{name}:{OUT_DIR}",
-                        {"type": "tmpfs", "target": TMP,
-                         "tmpfs": {"size": resources.TMPFS_BYTES}}],
-            "networks": [NETWORK], "cap_drop": ["ALL"], "read_only": True,
+                        FlowMap({"type": "tmpfs", "target": TMP,
+                                 "tmpfs": {"size": resources.TMPFS_BYTES}})],
+            "networks": Flow([NETWORK]), "cap_drop": Flow(["ALL"]), "read_only": True,
             "logging": {"driver": resources.LOG_DRIVER, "options": dict(resources.LOG_OPTIONS)},
             "deploy": deploy}
         if name.startswith(("server-", "proxy-")):
-            service["healthcheck"] = {"test": ["CMD", "test", "-f", str(READY_FILE)],
+            service["healthcheck"] = {"test": Flow(["CMD", "test", "-f", str(READY_FILE)]),
                                       "interval": "2s", "timeout": "2s", "retries": 150}
         spec[name] = service
     names = [f"{identity}{suffix}" for identity in key_names(
@@ -158,61 +154,14 @@ def stack_spec(dep: Deployment) -> dict[str, Any]:
         for suffix in (PUBLIC_SUFFIX, SECRET_SUFFIX)]
     used = {key for files in keys.values() for key in files}
     return {
-        "version": "3.9",  # deploy.resources.limits.pids
+        "version": Quoted("3.9"),  # deploy.resources.limits.pids
         "services": spec,
         "networks": {NETWORK: {"driver": "overlay", "attachable": True}},
         "volumes": {f"{VOLUME_PREFIX}{name}": {} for name in spec},
-        "secrets": {key: {"external": True, "name": SECRET_NAME + key}
+        # the name double-quoted: scripts/swarm_secrets.sh reads it so
+        "secrets": {key: {"external": True, "name": Quoted(SECRET_NAME + key)}
                     for key in names if key in used},
     }
-
-
-_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Octal):
-        return f"0{int(value):o}"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a YAML double-quoted scalar
-    if isinstance(value, list):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_plain_key(k)}: {_scalar(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no YAML scalar for {value!r}")
-
-
-def _plain_key(key: str) -> str:
-    if not _KEY.match(key):
-        raise ValueError(f"not a plain YAML key: {key!r}")
-    return key
-
-
-def to_yaml(value: dict[str, Any], depth: int = 0) -> list[str]:
-    """YAML lines of nested dicts: block style, except lists (one line each, or one line
-    per entry for a list of dicts); a blank line before each entry of the first two
-    levels that holds a dict or a list (the sections and the services)."""
-    pad = "  " * depth
-    lines: list[str] = []
-    for key, item in value.items():
-        _plain_key(key)
-        if not isinstance(item, dict) or not item:
-            lines.append(f"{pad}{key}: {_scalar(item)}")
-            continue
-        if depth <= 1 and lines and any(isinstance(v, dict | list) for v in item.values()):
-            lines.append("")
-        lines.append(f"{pad}{key}:")
-        for sub, entry in item.items():
-            if isinstance(entry, list) and any(isinstance(v, dict) for v in entry):
-                lines.append(f"{pad}  {_plain_key(sub)}:")
-                lines += [f"{pad}    - {_scalar(e)}" for e in entry]
-            else:
-                lines += to_yaml({sub: entry}, depth + 1)
-    return lines
 
 
 def render(dep: Deployment, options: dict[str, Any], output: str = DEFAULT_OUTPUT) -> str:
@@ -242,25 +191,23 @@ def render(dep: Deployment, options: dict[str, Any], output: str = DEFAULT_OUTPU
         "# volume runs-<service>; memory limits for d = "
         f"{deployment_sizes(dep).num_params:,} parameters (ps/deploy/resources.py).",
     ]
-    return "\n".join([*header, *to_yaml(stack_spec(dep))]) + "\n"
+    return "\n".join(header) + "\n" + dump(stack_spec(dep), spaced=("services",))
+
+
+def _generate(args: Any) -> int:
+    options = generator_options(args, ARGS_MARK, SCRIPT)
+    if options is None:
+        return 1
+    dep = deployment_of(options)
+    return check_or_write(args, dep, options, render(dep, options, args.output), SCRIPT,
+                          DEFAULT_OUTPUT)
+
+
+def build_command() -> click.Command:
+    """``docker/gen_stack.py``."""
+    return generator_command("gen_stack", __doc__.split("\n\n")[0], DEFAULT_OUTPUT,
+                             "stack", [], _generate)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_topology_arguments(parser)
-    parser.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
-                        help=f"stack file to write (default {DEFAULT_OUTPUT})")
-    parser.add_argument("--check", action="store_true",
-                        help="do not write: exit 1 if the stack file differs from what its "
-                        "recorded options and the env file give")
-    args = parser.parse_args(argv)
-    try:
-        options = generator_options(args, ARGS_MARK, SCRIPT)
-        if options is None:
-            return 1
-        dep = deployment_of(options)
-        return check_or_write(args, dep, options, render(dep, options, args.output), SCRIPT,
-                              DEFAULT_OUTPUT)
-    except ConfigError as exc:
-        print(f"gen_stack: {exc}", file=sys.stderr)
-        return 2
+    return run_command(build_command(), argv, SCRIPT)
