@@ -24,12 +24,35 @@ from typing import Any, Generic, TypeVar
 
 from common.budgets import PeerPolicy
 from common.keys import Identity
-from common.protocol import Error, ErrorCode, Message, Refused
+from common.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Hello,
+    Message,
+    Params,
+    Pull,
+    Push,
+    Refused,
+    Status,
+    StatusReply,
+    Welcome,
+)
 from common.scopes import check_claim
 from common.transport import Incoming
 
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 R = TypeVar("R")  # what the core sends: a server's Reply, a proxy's Outgoing
+H = TypeVar("H", Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error)
+
+
+def header_as(message: Message | None, kind: type[H]) -> H:
+    """The header of ``message``, which a core's dispatch table (by header type) gave
+    to the handler of ``kind``s: typed so (``TypeError`` if the table is wrong)."""
+    header = message.header if message is not None else None
+    if not isinstance(header, kind):
+        raise TypeError(f"a {kind.__name__} handler got {type(header).__name__}")
+    return header
 
 
 def error_for(code: ErrorCode, text: str, round_: int) -> Error:

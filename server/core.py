@@ -68,7 +68,7 @@ from common.protocol import (
     StatusReply,
     Welcome,
 )
-from common.refusals import Answering
+from common.refusals import Answering, header_as
 from common.sharding import format_shard_set
 from server.checkpoint import Checkpoint
 from server.group import ShardGroup
@@ -149,7 +149,7 @@ class ServerCore:
         self.round_deadline = options.deadline()  # None: every round waits for all n
         # the pushes a round has from honest workers at least (n - q), and when the current
         # round reached them: the adaptive deadline's measure (server/deadline.py)
-        self.honest_rows = max(1, cfg.num_workers - cfg.q)
+        self.honest_rows = max(1, cfg.num_workers - (cfg.q or 0))  # q: set by validate()
         self.honest_at: float | None = None
         self.arrived: set[int] = set()  # workers that said HELLO, and when the last first did
         self.last_arrival = float("-inf")
@@ -334,7 +334,7 @@ class ServerCore:
         return self.relay
 
     def _on_hello(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
-        hello: Hello = incoming.message.header  # type: ignore[union-attr,assignment]
+        hello = header_as(incoming.message, Hello)
         envelope, peer = incoming.envelope, incoming.peer
         if hello.role not in ROLES:
             raise Refused(ErrorCode.MALFORMED, f"unknown role {hello.role!r}")
@@ -385,7 +385,7 @@ class ServerCore:
         return [Reply(envelope, welcome)]
 
     def _on_pull(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
-        pull: Pull = incoming.message.header  # type: ignore[union-attr,assignment]
+        pull = header_as(incoming.message, Pull)
         self.sessions.require(incoming.peer)
         if (incoming.peer, pull.round) in self.parked:  # replaces it: one reply
             self.counters[REPEATED_PULL] += 1
@@ -405,7 +405,8 @@ class ServerCore:
     def _on_push(self, incoming: Incoming, principal: Hashable, now: float) -> list[Reply]:
         envelope, peer, message = incoming.envelope, incoming.peer, incoming.message
         session = self.sessions.require(peer)
-        push: Push = message.header  # type: ignore[union-attr,assignment]
+        push = header_as(message, Push)
+        assert message is not None  # (header_as: it holds a push)
         if session.role != "worker" or session.worker != push.worker:
             raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
                           f"{session.worker}, not as worker {push.worker}")
@@ -488,7 +489,8 @@ class ServerCore:
                          m.round, newly, f"; {held} such lines held back" if held else "")
         if self.state.finished:
             self.finished_at = now
-        envelopes, bare = [], []
+        envelopes: list[list[Any]] = []
+        bare: list[list[Any]] = []
         for key in [k for k in self.parked if k[1] == self.state.round]:
             (bare if key in self.bare else envelopes).append(self.parked.pop(key))
             self.bare.discard(key)

@@ -53,7 +53,6 @@ import logging
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 import numpy as np
 
@@ -220,7 +219,7 @@ class _Link:
     # the worker sent (common/relay_auth.py)
     auth: bytes | None = None
     nonce: str = ""
-    hello: list[bytes] = field(default_factory=list)
+    hello: list[Buffer] = field(default_factory=list)
 
     def handshake_error(self, now: float) -> PeerError:
         """The error that names this endpoint's failed handshake."""
@@ -685,10 +684,10 @@ class ClientCore:
     def _welcomed(self) -> list[Welcome]:
         """The WELCOMEs, checked: each endpoint hosts the shards expected there, all of
         one model; d learnt, and where each server's shards lie."""
-        welcomes = [self.results[s] for s in range(len(self.links))]
-        if not all(isinstance(w, Welcome) for w in welcomes):
+        welcomes = [w for s in range(len(self.links))
+                    if isinstance(w := self.results[s], Welcome)]
+        if len(welcomes) != len(self.links):
             raise PeerError("a HELLO was answered by something other than a WELCOME")
-        welcomes = cast(list[Welcome], welcomes)
         for link, w in zip(self.links, welcomes, strict=True):
             if tuple(w.shards) != link.shards or w.num_shards != self.cfg.num_shards:
                 raise ConfigError(

@@ -60,7 +60,7 @@ from common.protocol import (
     reheaded,
 )
 from common.pushes import PushWindow, check_push
-from common.refusals import Answering
+from common.refusals import Answering, header_as
 from common.sharding import ServerSlices, format_shard_set
 from ps.proxy.corruption import ServerCorruptor
 
@@ -177,7 +177,7 @@ class ProxyCore:
 
     def _on_pull(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
         """Relayed; the PARAMS reply goes to the worker it names."""
-        pull: Pull = msg.header  # type: ignore[assignment]
+        pull = header_as(msg, Pull)
         self._route(incoming.peer, self._worker_or_none(pull.worker))
         return [Outgoing(True, incoming.frames)]
 
@@ -206,7 +206,7 @@ class ProxyCore:
     def _on_push(self, incoming: Incoming, msg: Message) -> list[Outgoing]:
         """Checked; corrupted (or held until its round is in) if of a round the server
         can take next, else relayed as it is."""
-        push: Push = msg.header  # type: ignore[assignment]
+        push = header_as(msg, Push)
         self._check_push(push)
         envelope, peer = incoming.envelope, incoming.peer
         if push.bare_params and self.attack.corrupt_params:
@@ -223,7 +223,7 @@ class ProxyCore:
             held = self.tables.held[push.round]
             # a copy of its own, which the attack may change (a bfloat16 push's is one)
             held[push.worker] = _HeldPush(envelope, push,
-                                          np.require(msg.tensor(), requirements="WO"))
+                                          np.require(msg.tensor(), requirements=("W", "O")))
             if len(held) == self.cfg.num_workers:
                 return self._release_round(push.round)
             return []
@@ -256,12 +256,12 @@ class ProxyCore:
 
     def _on_error(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
         """Relayed; its round is the server's current one (it may have restarted)."""
-        self._follow(msg.header.round, restarted=True)  # type: ignore[union-attr]
+        self._follow(header_as(msg, Error).round, restarted=True)
         return [Outgoing(False, incoming.frames)]
 
     def _on_ack(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
         """Relayed; the ACKs of the last round count towards ``done``."""
-        ack: Ack = msg.header  # type: ignore[assignment]
+        ack = header_as(msg, Ack)
         self._follow(ack.round)
         if ack.round == self.cfg.rounds - 1:
             self.final_acks += 1
@@ -270,7 +270,7 @@ class ProxyCore:
 
     def _on_params(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
         """Relayed, corrupted for its worker with ``corrupt_params``."""
-        header: Params = msg.header  # type: ignore[assignment]
+        header = header_as(msg, Params)
         self._follow(header.round)
         if header.round == self.cfg.rounds:
             self.last_round_replied = now
