@@ -192,11 +192,17 @@ class ClusterClient:
 
     def hello(self) -> list[Welcome]:
         """Handshake with every shard; learn the shard ranges and d."""
-        return self._exchange(self.core.hello)  # type: ignore[return-value]
+        welcomes = self._exchange(self.core.hello)
+        if not isinstance(welcomes, list):
+            raise TypeError(f"a HELLO exchange ended with {type(welcomes).__name__}")
+        return welcomes
 
     def pull(self, round_: int) -> np.ndarray:
         """The full parameter vector x^round_, assembled from every shard's PARAMS."""
-        return self._exchange(lambda now: self.core.pull(round_, now))  # type: ignore[return-value]
+        x = self._exchange(lambda now: self.core.pull(round_, now))
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"a PULL exchange ended with {type(x).__name__}")
+        return x
 
     # -- the loop ----------------------------------------------------------------
 

@@ -87,6 +87,8 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
             if m.client.d != computer.d:
                 raise ConfigError(f"servers hold d={m.client.d} parameters, this worker's "
                                   f"model has {computer.d}")
+            if not isinstance(welcomes, list):
+                raise TypeError(f"a HELLO exchange ended with {type(welcomes).__name__}")
             m.started_at = min(w.round for w in welcomes)
             log.info("worker %d of %d%s: %d shards on %d servers, d=%d, on %s, starting at "
                      "round %d", m.worker, cfg.num_workers,
