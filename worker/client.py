@@ -170,7 +170,7 @@ class ClusterClient:
     ) -> None:
         self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors,
                                relay_keys(keys, role, worker, via_proxy))
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
         self.links = [Link(self.ctx, link.endpoint,
                            keys.client_curve(name, link.shards[0],
@@ -268,7 +268,7 @@ def reserve_links(links: int) -> None:
     and the open-file limit are raised as needed; ``ConfigError`` if the hard limit is too
     low (a process of many workers and server processes: 100 x 20 links)."""
     sockets = 4 * links + 64  # a DEALER, its monitor, the monitor's peer; and reopening
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if ctx.get(zmq.MAX_SOCKETS) < sockets:
         ctx.set(zmq.MAX_SOCKETS, sockets)
     files = 4 * links + 256  # the connection, each socket's mailbox, the library's own
