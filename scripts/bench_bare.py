@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 import click
-from chaos_keyholders import BareFlood, cpu_s
 
 from common.config import RunConfig
 from common.keys import create_keys
 from common.settings import SERVER, to_argv
+from ps.chaos.keyholders import BareFlood, cpu_s
 
 
 def _cores(pid: int, seconds: float, during=None) -> float:

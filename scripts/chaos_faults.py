@@ -1,130 +1,17 @@
-"""Faults on a schedule: one supervised cluster run (``ps-cluster`` with a round deadline
-and a quorum, a gambler proxy) during which a random worker, the proxy and a server are
-killed with SIGKILL, one after the other.
-
-It prints the faults injected, the launcher's restarts, the rounds the servers closed
-at their deadline without some workers, the final top-1 against the same run without
-faults (the reference engine), and whether the reference engine, replaying the
-participation the servers recorded, ends bit-identical to the cluster.
+"""Faults on a schedule: a worker, the proxy and a server SIGKILLed during one supervised
+cluster run; does it finish bit-identical to the reference engine's replay? The run is
+``ps.chaos.faults`` (its command: ``ps.chaos.cli.faults``).
 
     python3 scripts/chaos_faults.py                 # 8 workers, 4 servers, 300 rounds
     python3 scripts/chaos_faults.py --rounds 120    # quicker
 """
 
-from __future__ import annotations
-
-import json
-import os
-import random
-import signal
-import tempfile
-import time
+import sys
 from pathlib import Path
 
-import click
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.keys import SecurityOptions
-from common.metrics import read_jsonl
-from common.process import pin_torch_threads
-from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
-from ps.launcher.options import ClusterOptions
-from ps.launcher.report import ClusterResult
-from ps.reference.engine import simulate
-from ps.reference.participation import read_participation
-from server.options import ServerOptions
-from worker.evaluator import Evaluator
-from worker.options import ClientOptions
-
-
-def _round(out: Path) -> int:
-    lines = read_jsonl(out / "server-0.jsonl")
-    return lines[-1]["round"] + 1 if lines else 0
-
-
-@click.command(context_settings={"show_default": True})
-@click.option("--workers", default=8, type=int)
-@click.option("--shards", default=4, type=int)
-@click.option("--rounds", default=300, type=int)
-@click.option("--rule", default="marmed")
-@click.option("--q", default=2, type=int)
-@click.option("--round-timeout", default=0.5, type=float)
-@click.option("--quorum", default=6, type=int)
-@click.option("--seed", default=11, type=int, help="Run seed; also picks the victims.")
-@click.option("--json", "json_path", default=None, type=click.Path(path_type=Path))
-def main(workers: int, shards: int, rounds: int, rule: str, q: int, round_timeout: float,
-         quorum: int, seed: int, json_path: Path | None) -> None:
-    cfg = RunConfig(dataset="synthetic", num_workers=workers, num_shards=shards, rule=rule,
-                    q=q, rounds=rounds, seed=seed).validate()
-    attack = AttackConfig.build(proxy_attack="gambler", proxy_shards=(0,)).validate(cfg)
-    pick = random.Random(seed)
-    victim_shard = pick.randrange(1, shards)
-    schedule = [(rounds // 4, f"worker-{pick.randrange(workers)}"),
-                (rounds // 2, "proxy-0"),
-                (3 * rounds // 4, f"server-{victim_shard}")]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        spec = ClusterSpec(
-            cfg=cfg, attack=attack, out_dir=out,
-            client=ClientOptions(timeout_s=5.0),
-            cluster=ClusterOptions(max_restarts=3, server_processes=shards,
-                                   worker_processes=workers),  # a process each
-            server=ServerOptions(round_timeout=str(round_timeout), quorum=quorum,
-                                 checkpoint_every=10),
-            security=SecurityOptions())
-        report = _run_with_faults(spec, schedule)
-    click.echo(json.dumps(report, indent=2))
-    if json_path:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-    raise SystemExit(0 if report["run_finished"] and report["bit_identical"] else 1)
-
-
-def _run_with_faults(spec: ClusterSpec, schedule: list[tuple[int, str]]) -> dict:
-    cfg, out = spec.cfg, spec.out_dir
-    started = time.monotonic()
-    run = BackgroundRun(Cluster(spec))
-    injected = []
-    for at_round, name in schedule:
-        while run.alive and _round(out) < at_round:
-            time.sleep(0.1)
-        process = run.process(name)
-        if not run.alive or process is None:
-            continue
-        os.kill(process.pid, signal.SIGKILL)
-        injected.append({"process": name, "at_round": _round(out)})
-        click.echo(f"killed {name} at round {_round(out)}", err=True)
-    result = run.join()
-    seconds = time.monotonic() - started
-    summary = json.loads((out / "summary.json").read_text())
-    report = {
-        "faults": injected,
-        "restarts": summary.get("restarts", []),
-        "lost": summary.get("lost", []),
-        "run_finished": isinstance(result, ClusterResult),
-        "outcome": summary.get("outcome"),
-        "reason": summary.get("reason"),
-        "seconds": round(seconds, 1),
-        "bit_identical": False,
-    }
-    if not isinstance(result, ClusterResult):
-        return report
-    participation = read_participation(out, cfg.num_shards, cfg.num_workers, cfg.rounds)
-    closed = [sum(bool(r["missing"]) for r in read_jsonl(out / f"server-{s}.jsonl"))
-              for s in range(cfg.num_shards)]
-    pin_torch_threads(1)  # as the workers compute
-    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
-    replayed = simulate(cfg, spec.attack, dataset=dataset, participation=participation)
-    clean = simulate(cfg, spec.attack, dataset=dataset)
-    evaluator = Evaluator(cfg, dataset, 512)
-    report.update({
-        "rounds_closed_at_deadline_per_shard": closed,
-        "final_top1": round(evaluator.evaluate(result.params).top1, 4),
-        "final_top1_without_faults": round(evaluator.evaluate(clean.params).top1, 4),
-        "bit_identical": replayed.digest == result.digest,
-    })
-    return report
-
+from ps.chaos.cli import faults
 
 if __name__ == "__main__":
-    main()
+    faults()

@@ -1,6 +1,6 @@
-"""The key holders' phases of ``scripts/chaos.py`` (issue 35), each alone against a node of
+"""The key holders' phases of the chaos run (issue 35), each alone against a node of
 the running cluster, and what the node pays for it: CPU, peak RSS over the phase's start,
-log bytes, and its counters' difference.
+log bytes, and its counters' difference (:func:`keyholder_phases` runs them in turn).
 
 * ``unread``: one worker key's connections that PULL every round and never read (RCVHWM
   1, a 4 KB receive buffer): the node may keep at most a few large replies per key;
@@ -24,8 +24,11 @@ from pathlib import Path
 
 import zmq
 
-from common.keys import CurveClient
+from common.config import RunConfig
+from common.keys import CurveClient, KeyRing
 from common.protocol import Hello, Pull, Status, StatusReply, decode, encode
+from ps.chaos.classes import Attackers, hello_message
+from ps.chaos.measure import Sampler, last_round, status_kb
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -189,3 +192,71 @@ class Phase:
 def _size(path: Path) -> int:
     """Bytes of a log and its rotated files."""
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
+
+
+def keyholder_phases(cfg: RunConfig, ring: KeyRing, endpoints: dict[str, str],
+                     nodes: dict[str, int], out: Path, attackers: Attackers,
+                     sampler: Sampler, options: dict, say: Callable[[str], None]) -> dict:
+    """Phase 1b: each key holders' attack of issue 35 alone for ``--giant-seconds``, and
+    what its node paid (CPU, log bytes, counters, peak RSS over its RSS when the phase
+    began)."""
+    seconds = options["giant_seconds"]
+    ctx = zmq.Context()
+    report: dict[str, dict] = {}
+    began: dict[str, int] = {}
+
+    def mark(phase: str, node: str) -> None:
+        sampler.mark(phase)
+        began[phase] = status_kb(nodes[node], "VmRSS")
+
+    def grown(phase: str, node: str) -> float:
+        return round((sampler.peaks[phase][node] - began[phase]) / 1024, 1)
+
+    def watch(node: str, shard: int) -> Phase:
+        return Phase(nodes[node], out / "logs" / f"{node}.log",
+                     lambda: status(ctx, endpoints[node], ring.client_curve("evaluator", shard)))
+
+    try:
+        say(f"unread: worker-{attackers.flood}'s 3 connections PULL every round at server-1 "
+            "and never read")
+        mark("unread", "server-1")
+        phase, stop = watch("server-1", 1), threading.Event()
+        puller = UnreadPuller(endpoints["server-1"],
+                              ring.client_curve(f"worker-{attackers.flood}", 1),
+                              hello_message(cfg, "worker", attackers.flood), attackers.flood,
+                              lambda: last_round(out / "server-1.jsonl"), stop)
+        puller.start()
+        stop.wait(seconds)
+        stop.set()
+        puller.join()
+        report["unread"] = {**phase.report(), "pulls": puller.pulls,
+                            "rss_growth_mb": grown("unread", "server-1")}
+        say(f"bare: up to {options['bare']:,} connections that never start a handshake at "
+            "server-1, from 16 addresses")
+        mark("bare", "server-1")
+        phase = watch("server-1", 1)
+        host, port = endpoints["server-1"].removeprefix("tcp://").rsplit(":", 1)
+        flood = BareFlood(host, int(port), options["bare"], 16)
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                flood.step()
+                time.sleep(0.02)
+        finally:
+            opened = flood.opened
+            flood.close()
+        report["bare"] = {**phase.report(), "opened": opened,
+                          "rss_growth_mb": grown("bare", "server-1")}
+        say("proxy-envelopes: proxy-0's key at server-0, HELLO as every worker behind "
+            "made-up envelopes")
+        mark("proxy-envelopes", "server-0")
+        phase = watch("server-0", 0)
+        sent = envelope_flood(endpoints["server-0"], ring.client_curve("proxy-0", 0),
+                              cfg.config_hash, cfg.num_workers, seconds)
+        report["proxy-envelopes"] = {**phase.report(), **sent,
+                                     "rss_growth_mb": grown("proxy-envelopes", "server-0")}
+    finally:
+        ctx.destroy(linger=0)
+    for name, r in report.items():
+        say(f"{name}: {r}")
+    return report
