@@ -74,6 +74,7 @@ import click
 
 from common import plugins
 from common.attacks import ATTACKS, NO_ATTACK, attack_names
+from common.commands import DEPLOYED, command_of, setting_classes
 from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
 from common.keys import SecurityOptions
@@ -92,7 +93,6 @@ from common.settings import (
     to_environ,
 )
 from common.sharding import ShardSet, format_shard_set
-from ps.commands import DEPLOYED, command_of, setting_classes
 from ps.deploy import resources
 from ps.deploy.yamlfile import MERGE, Anchored, Flow, Literal, Quoted, dump
 from ps.launcher.options import ClusterOptions
