@@ -29,7 +29,7 @@ import enum
 import threading
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard, cast
 
 import msgpack
 import numpy as np
@@ -229,7 +229,7 @@ class Error:
 
 
 Header = Hello | Welcome | Pull | Params | Push | Ack | Status | StatusReply | Error
-HEADER_TYPES: dict[Op, type] = {
+HEADER_TYPES: dict[Op, type[Header]] = {
     t.op: t for t in (Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error)
 }
 _TENSOR_OPS = (Op.PARAMS, Op.PUSH)
@@ -314,7 +314,7 @@ def _header_frame(header: Header) -> bytes:
     packer = getattr(_packers, "packer", None)
     if packer is None:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(body)
+    return cast(bytes, packer.pack(body))  # msgpack has no types: pack returns bytes
 
 
 def decode(frames: Sequence[Any]) -> Message:
@@ -342,7 +342,7 @@ def decode(frames: Sequence[Any]) -> Message:
         raise ProtocolError(f"unknown op {op_code!r}")
     header = _build_header(HEADER_TYPES[op], body)
     chunks = tuple(_as_buffer(f) for f in frames[1:])
-    if op in _TENSOR_OPS:
+    if isinstance(header, (Params, Push)):  # op in _TENSOR_OPS
         _check_length(_length(header))
     if values_dtype(header) not in WIRE_DTYPES:
         raise ProtocolError(f"dtype {values_dtype(header)!r} is none of "
@@ -363,8 +363,9 @@ def split_envelope(frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     raise ProtocolError("no empty delimiter frame after the routing envelope")
 
 
-def join_envelope(envelope: Sequence[Any], frames: Sequence[Buffer]) -> list[Any]:
-    """Frames to send back through a ROUTER: the envelope, the delimiter, the message."""
+def join_envelope(envelope: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
+    """Frames to send back through a ROUTER: the envelope, the delimiter, the message
+    (its frames buffers, or ``zmq.Frame`` made once for several sends)."""
     return [*envelope, b"", *frames]
 
 
@@ -375,7 +376,7 @@ def array_to_chunks(tensor: np.ndarray, length: int,
     arr = np.ascontiguousarray(tensor, dtype=dtype)
     if arr.ndim != 1 or arr.size != length:
         raise ValueError(f"tensor must be 1-D with {length} values, got shape {arr.shape}")
-    view = memoryview(arr).cast("B")
+    view = arr.data.cast("B")  # memoryview(arr): numpy types its buffer from Python 3.12
     return [view[i : i + CHUNK_BYTES] for i in range(0, max(len(view), 1), CHUNK_BYTES)]
 
 
@@ -421,8 +422,8 @@ def copy_chunks_into(chunks: Sequence[memoryview], *outs: np.ndarray,
                 which, pos = which + 1, 0
 
 
-def _length(header: Header) -> int:
-    return header.length  # type: ignore[union-attr]
+def _length(header: Params | Push) -> int:
+    return header.length
 
 
 def values_dtype(header: Header) -> str:
@@ -434,7 +435,7 @@ def _item_bytes(header: Header) -> int:
     return WIRE_ITEM_BYTES[values_dtype(header)]
 
 
-def _carries_tensor(header: Header) -> bool:
+def _carries_tensor(header: Header) -> TypeGuard[Params | Push]:
     """PARAMS (unless bare) and PUSH carry ``length`` values."""
     return header.op in _TENSOR_OPS and not getattr(header, "bare", False)
 
@@ -469,7 +470,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 # Per header type: (field name, annotation, allowed types, required), computed once.
-_SCHEMAS: dict[type, tuple[tuple[str, str, tuple[type, ...], bool], ...]] = {
+_SCHEMAS: dict[type[Header], tuple[tuple[str, str, tuple[type, ...], bool], ...]] = {
     cls: tuple(
         (f.name, str(f.type), _FIELD_TYPES[str(f.type)],
          f.default is MISSING and f.default_factory is MISSING)
@@ -484,13 +485,13 @@ def _is_int(x: Any) -> bool:
 
 
 # Per header type: the names of its fields.
-_FIELD_NAMES: dict[type, frozenset[str]] = {
+_FIELD_NAMES: dict[type[Header], frozenset[str]] = {
     cls: frozenset(name for name, *_ in schema) for cls, schema in _SCHEMAS.items()
 }
 _OPS: dict[int, Op] = {int(op): op for op in Op}
 
 
-def _build_header(cls: type, body: dict[str, Any]) -> Header:
+def _build_header(cls: type[Header], body: dict[str, Any]) -> Header:
     schema = _SCHEMAS[cls]
     names = _FIELD_NAMES[cls]
     if not body.keys() <= names:
@@ -507,10 +508,12 @@ def _build_header(cls: type, body: dict[str, Any]) -> Header:
             raise ProtocolError(
                 f"{cls.__name__}.{name} must be {annotation}, got {type(value).__name__}"
             )
-        if annotation == "list[int]" and not all(_is_int(x) for x in value):
+        # (isinstance against a tuple of types leaves mypy with an object: these casts
+        # restate what `allowed` has just checked)
+        if annotation == "list[int]" and not all(_is_int(x) for x in cast("list[Any]", value)):
             raise ProtocolError(f"{cls.__name__}.{name} must hold integers")
         if annotation == "dict[str, int]" and not all(
-            isinstance(k, str) and _is_int(x) for k, x in value.items()
+            isinstance(k, str) and _is_int(x) for k, x in cast("dict[Any, Any]", value).items()
         ):
             raise ProtocolError(f"{cls.__name__}.{name} must map strings to integers")
     return cls(**body)

@@ -13,12 +13,15 @@ PARAMS replies stay float32: the parameters are not rounded.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 FLOAT32, BFLOAT16 = "float32", "bfloat16"
 WIRE_DTYPES = (FLOAT32, BFLOAT16)
 ITEM_BYTES = {FLOAT32: 4, BFLOAT16: 2}
-NUMPY_DTYPES = {FLOAT32: np.dtype("<f4"), BFLOAT16: np.dtype("<u2")}  # as numpy holds them
+# as numpy holds them
+NUMPY_DTYPES: dict[str, np.dtype[Any]] = {FLOAT32: np.dtype("<f4"), BFLOAT16: np.dtype("<u2")}
 
 
 def to_bfloat16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
