@@ -23,7 +23,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from common.keys import Identity
@@ -63,14 +63,17 @@ def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
     return value if len(value) <= limit else f"{value[:limit]}... ({len(value):,} characters)"
 
 
-class _Bounded(OrderedDict):
+_V = TypeVar("_V")
+
+
+class _Bounded(OrderedDict[Hashable, _V], Generic[_V]):
     """An ordered dict that forgets its least recently used entries beyond ``limit``."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()
         self.limit = limit
 
-    def touch(self, key: Hashable, default: object) -> object:
+    def touch(self, key: Hashable, default: _V) -> _V:
         value = self.get(key)
         if value is None:
             value = self[key] = default
@@ -88,7 +91,7 @@ class RateLimit:
                  limit: int = MAX_PRINCIPALS) -> None:
         self.rate = rate
         self.burst = burst
-        self._buckets = _Bounded(limit)  # principal -> [tokens, time]
+        self._buckets: _Bounded[list[float]] = _Bounded(limit)  # principal -> [tokens, time]
         self._lock = threading.Lock()
 
     def allow(self, principal: Hashable, now: float) -> bool:
@@ -108,7 +111,8 @@ class LogThrottle:
 
     def __init__(self, interval_s: float = LOG_INTERVAL_S, limit: int = MAX_PRINCIPALS) -> None:
         self.interval_s = interval_s
-        self._last = _Bounded(limit)  # principal -> [time logged, lines held back since]
+        # principal -> [time logged, lines held back since]
+        self._last: _Bounded[list[float]] = _Bounded(limit)
         self._lock = threading.Lock()
 
     def admit(self, principal: Hashable, now: float) -> int | None:
@@ -120,7 +124,7 @@ class LogThrottle:
                 entry[1] += 1
                 return None
             held, entry[0], entry[1] = entry[1], now, 0
-            return held
+            return int(held)  # (an int: a count, held in a list of floats)
 
 
 # What a node counts about its peers' misconduct (STATUS counters, metrics).

@@ -66,8 +66,9 @@ def _taking(*classes: type | str) -> Callable[[], tuple[type, ...]]:
 
     def now() -> tuple[type, ...]:
         found = [settings_class(c) if isinstance(c, str) else c for c in classes]
+        attacks: tuple[type, ...] = tuple(ATTACKS.values())
         return tuple(c for cls in found
-                     for c in ((cls, *ATTACKS.values()) if cls is AttackConfig else (cls,)))
+                     for c in ((cls, *attacks) if cls is AttackConfig else (cls,)))
 
     return now
 

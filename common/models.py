@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -233,7 +233,8 @@ def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: 
 
     spec = MODELS[name]
     with torch.device("meta"):
-        built = spec.build(tuple(input_shape), int(num_classes))
+        # a plain tuple of the three sizes (a torch.Size, say, made one)
+        built = spec.build(cast("tuple[int, int, int]", tuple(input_shape)), int(num_classes))
     return num_parameters(built)
 
 

@@ -90,12 +90,18 @@ class _RotatingLog(logging.handlers.RotatingFileHandler):
 
     def __init__(self, path: Path, max_bytes: int) -> None:
         super().__init__(path, maxBytes=max_bytes, backupCount=LOG_BACKUPS, encoding="utf-8")
-        self.std_fds = [fd for fd in (1, 2) if _same_file(fd, self.stream.fileno())]
+        self.std_fds = [fd for fd in (1, 2) if _same_file(fd, self._fileno())]
 
     def doRollover(self) -> None:
         super().doRollover()
         for fd in self.std_fds:
-            os.dup2(self.stream.fileno(), fd)
+            os.dup2(self._fileno(), fd)
+
+    def _fileno(self) -> int:
+        """The log file's descriptor: it is open (the handler is not ``delay``ed, so
+        ``__init__`` and each rollover open it)."""
+        assert self.stream is not None
+        return self.stream.fileno()
 
 
 def _same_file(a: int, b: int) -> bool:

@@ -120,9 +120,11 @@ def print_config(ctx: click.Context, command: Command) -> None:
     for d in command.settings():
         value = ctx.params.get(d.param)
         source = ctx.get_parameter_source(d.param)
-        where = {ParameterSource.COMMANDLINE: f"from {d.flag}",
-                 ParameterSource.ENVIRONMENT: f"from {d.env}",
-                 ParameterSource.DEFAULT_MAP: f"from {path}"}.get(source, "default")
+        sources: dict[ParameterSource | None, str] = {
+            ParameterSource.COMMANDLINE: f"from {d.flag}",
+            ParameterSource.ENVIRONMENT: f"from {d.env}",
+            ParameterSource.DEFAULT_MAP: f"from {path}"}
+        where = sources.get(source, "default")
         key = d.flag.lstrip("-")
         if value is None:
             click.echo(f"# {key} =  (unset; {where})")

@@ -19,11 +19,12 @@ five shards aggregates as fast as one of a shard five times as wide. Any other d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
 from common.config import RunConfig
-from common.protocol import Message, values_dtype
+from common.protocol import Message, Push, values_dtype
 from common.pushes import PushWindow, check_push
 from common.rules.defence import Defence
 from common.rules.pre import RoundContext
@@ -85,27 +86,32 @@ class ShardGroup:
         found = [state.params_at(round_) for state in self.states]
         if found[0] is None:
             return None
-        return found  # type: ignore[return-value]
+        return cast("list[np.ndarray]", found)  # (the shards move in step: all have it)
 
     def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
         """Validate one push of the whole group's slices (``Refused`` as
         ``common.pushes.check_push``, storing nothing) and store each shard's part."""
-        message = isinstance(values, Message)
-        length = values.header.length if message else values.size  # type: ignore[union-attr]
+        dtype: str | None = None  # the message's (None: the run's)
+        if isinstance(values, Message):
+            header = values.header
+            assert isinstance(header, Push)  # (a PUSH's message)
+            length, dtype = header.length, values_dtype(header)
+        else:
+            length = values.size
         first = self.states[0]
         window = PushWindow(self.cfg.num_workers, self.cfg.rounds, self.size,
                             current=first.round, oldest=first.round, newest=first.round,
                             dtype=self.cfg.wire_dtype)
         check_push(window, round_, worker, length, first.finished, first.received,
-                   dtype=values_dtype(values.header) if message else window.dtype)
+                   dtype=window.dtype if dtype is None else dtype)
         rows = ([self.grads[worker]] if self.grads is not None
                 else [state.grads[worker] for state in self.states])
-        if message:
-            values.tensor_into(*rows)  # type: ignore[union-attr]
+        if isinstance(values, Message):
+            values.tensor_into(*rows)
         else:
             at = 0
             for row in rows:
-                row[:] = values[at:at + row.size]  # type: ignore[index]
+                row[:] = values[at:at + row.size]
                 at += row.size
         for state in self.states:
             state.received[worker] = True

@@ -73,7 +73,9 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
     if options.resume:
         if files is None:
             raise ConfigError("--resume needs --out-dir (where the checkpoint is)")
-        rule_state = None if core.state.states[0].defence.stateful else frozenset()
+        # the names of its rule's state arrays: none for a stateless rule (None: any)
+        rule_state: frozenset[str] | None = (None if core.state.states[0].defence.stateful
+                                             else frozenset())
         expect = {s: expected_checkpoint(cfg, s, finite=True, d=initial.size,
                                          rule_state=rule_state) for s in shards}
         ckpts = files.load(expect)
@@ -81,7 +83,8 @@ def build_core(cfg: RunConfig, options: ServerOptions, out_dir: Path | None,
             try:
                 core.restore(ckpts)
             except RestoreError as exc:
-                raise CheckpointError(checkpoint_path(out_dir, exc.shard), str(exc)) from exc
+                raise CheckpointError(checkpoint_path(files.out_dir, exc.shard),
+                                      str(exc)) from exc
             log.info("resumed shards %s from %s at round %d", core.name, out_dir,
                      core.state.round)
         else:

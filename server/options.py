@@ -8,6 +8,7 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.replay import REPLAY_SLACK, default_checkpoint_every
 from common.rules import RuleError
+from common.rules.defence import validated_q
 from common.settings import CLUSTER, SERVER, setting
 from common.sharding import ShardSet, parse_shard_set
 from server.deadline import AUTO, RoundDeadline
@@ -104,13 +105,14 @@ class ServerOptions:
         """``ConfigError`` for shards outside the run, an unreadable deadline or a quorum
         the run cannot use, naming both numbers."""
         self.shards(cfg)
-        n, q = cfg.num_workers, cfg.q
+        n = cfg.num_workers
         deadline = self.deadline()
         if self.quorum is None:
             return self
         if deadline is None:
             raise ConfigError(f"--quorum {self.quorum} needs a round deadline (with "
                               f"--round-timeout none every round waits for all n={n} pushes)")
+        q = validated_q(cfg)
         if not n - q <= self.quorum <= n:
             raise ConfigError(f"--quorum {self.quorum} must be in n - q..n = {n - q}..{n} "
                               f"(n={n} workers, q={q} Byzantine)")
@@ -126,7 +128,7 @@ def default_quorum(cfg: RunConfig) -> int:
     """n - q, or the fewest rows above it that the --pre chain and the rule can
     aggregate at this q (n always can: the run's settings were validated for it)."""
     n = cfg.num_workers
-    for rows in range(max(1, n - cfg.q), n):
+    for rows in range(max(1, n - validated_q(cfg)), n):
         try:
             cfg.check_rows(rows)
         except RuleError:

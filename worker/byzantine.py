@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -48,7 +48,8 @@ def honest_workers(cfg: RunConfig, attack: AttackConfig) -> list[int]:
 
 def worker_attack(attack: AttackConfig) -> VectorAttack:
     """The Byzantine workers' attack, with its parameters."""
-    return attack.attack(attack.worker_attack)  # type: ignore[return-value]
+    # (a vector attack: only those strike at the workers)
+    return cast(VectorAttack, attack.attack(attack.worker_attack))
 
 
 class ServerAggregation:

@@ -111,7 +111,7 @@ def deterministic(device: torch.device) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]  # a module property, unstubbed
 
 
 def spread_device(spec: str, index: int) -> str:

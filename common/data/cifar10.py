@@ -30,12 +30,14 @@ _CIFAR_SHAPE = (3, 32, 32)
 
 def _numpy_globals() -> dict[tuple[str, str], object]:
     """The only globals a CIFAR batch may reference: numpy array reconstruction."""
+    # (numpy's private helpers: its stubs omit _frombuffer, and mypy takes the numpy < 2
+    # names for a second definition)
     try:
         from numpy._core.multiarray import _reconstruct
-        from numpy._core.numeric import _frombuffer
+        from numpy._core.numeric import _frombuffer  # type: ignore[attr-defined]  # unstubbed
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct
-        from numpy.core.numeric import _frombuffer
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # numpy < 2
+        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]  # numpy < 2
     allowed: dict[tuple[str, str], object] = {
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,

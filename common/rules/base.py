@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -182,7 +182,8 @@ class Step:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     needs: ClassVar[str] = ""
-    precondition: ClassVar[Callable[[int, int], bool] | None] = None
+    # a subclass sets staticmethod(lambda n, q: ...): a plain function would bind to self
+    precondition: ClassVar[staticmethod[[int, int], bool] | None] = None
     options: ClassVar[tuple[str, ...]] = ()
     Settings: ClassVar[type[OptionSettings] | None] = None
     n: int

@@ -7,7 +7,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,7 +163,7 @@ class GridRun:
                                self.engine, self.jobs), self.verify_sample, metric, grid)
 
 
-def execute(cells: list[Cell], how: CellRun, verify_sample: int, metric: str,
+def execute(cells: Sequence[Cell], how: CellRun, verify_sample: int, metric: str,
             grid: dict[str, Any]) -> None:
     """Run (or read) every cell as ``how`` says, verify ``verify_sample`` of them through
     the cluster, write results.jsonl, grid.json (``grid``: a ``rebuild`` description),

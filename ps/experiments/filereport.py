@@ -115,12 +115,14 @@ def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, .
     ``worst_over`` (``byzantine-workers`` set with each attack does not): one panel per
     combination of their values."""
     axes = grid.report
-    named = {axes.rows, axes.columns, axes.worst_over} if axes else set()
+    if axes is None:  # no [report] table: no panels (its one caller asks only with one)
+        return ()
+    named = {axes.rows, axes.columns, axes.worst_over}
     if DEFENCE in named:
         named |= {"rule", "pre"}
     if HETEROGENEITY in named:
         named |= set(PARTITION_KEYS)
-    worst = {axis_value(r, axes.worst_over) for r in results} if axes else set()
+    worst = {axis_value(r, axes.worst_over) for r in results}
     return tuple(a for a in grid.axes if a not in named and len(
         {(axis_value(r, axes.worst_over), axis_value(r, a)) for r in results}) > len(worst))
 

@@ -242,6 +242,7 @@ def _convert(where: str, d: Declared, raw: Any) -> Any:
     if d.optional and raw == "":
         return None
     integer = isinstance(raw, int) and not isinstance(raw, bool)
+    value: Any  # of the setting's kind (None where raw is not one)
     if d.kind is tuple:
         ok = isinstance(raw, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                            for v in raw)

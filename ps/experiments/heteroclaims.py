@@ -44,7 +44,7 @@ class Finals:
 
     def __init__(self, results: list[dict[str, Any]], metric: str) -> None:
         self.values: dict[Key, list[float]] = defaultdict(list)
-        seeds: dict[Key, set[int]] = defaultdict(set)
+        seeds: dict[Key, set[int | None]] = defaultdict(set)  # None: a cell without one
         self.pooled: set[Key] = set()  # keys whose cells differ on another axis
         for r in results:
             if "partition" not in r.get("axes", {}):
@@ -122,9 +122,9 @@ def _recovers(pre: str, rules: tuple[str, ...]) -> Callable[[Finals, str], Verdi
     """``pre`` before each rule: its worst case above the rule's alone (over the attacks
     run against both)."""
     def check(f: Finals, split: str) -> Verdict:
-        pairs = [(r, *_worst_over_shared(f, (r, split, MOMENTUM),
-                                         (f"{pre}+{r}", split, MOMENTUM))) for r in rules]
-        pairs = [(r, alone, after) for r, alone, after in pairs if alone and after]
+        compared = [(r, *_worst_over_shared(f, (r, split, MOMENTUM),
+                                            (f"{pre}+{r}", split, MOMENTUM))) for r in rules]
+        pairs = [(r, alone, after) for r, alone, after in compared if alone and after]
         if not pairs:
             return Verdict(NOT_RUN, f"no attacked {pre}+rule beside its rule")
         return Verdict.of(
@@ -151,9 +151,9 @@ def _mimic_costs(f: Finals, split: str) -> Verdict:
 def _momentum_helps(f: Finals, split: str) -> Verdict:
     """Each defence run at momentum 0: its worst case over the attacks run at both momenta
     higher with momentum."""
-    rows = [(d, *_worst_over_shared(f, (d, split, 0.0), (d, split, MOMENTUM)))
-            for d in dict.fromkeys(k[0] for k in f.values if k[1:3] == (split, 0.0))]
-    rows = [(d, without, with_) for d, without, with_ in rows if without and with_]
+    compared = [(d, *_worst_over_shared(f, (d, split, 0.0), (d, split, MOMENTUM)))
+                for d in dict.fromkeys(k[0] for k in f.values if k[1:3] == (split, 0.0))]
+    rows = [(d, without, with_) for d, without, with_ in compared if without and with_]
     if not rows:
         return Verdict(NOT_RUN, "no defence run at both momenta")
     return Verdict.of(
@@ -167,9 +167,9 @@ def _close_to_iid(f: Finals, split: str) -> Verdict:
     one (over the attacks run on both splits)."""
     if split == "iid":
         return Verdict(NOT_APPLICABLE, "the iid split itself")
-    rows = [(d, *_worst_over_shared(f, (d, split, MOMENTUM), (d, "iid", MOMENTUM)))
-            for d in (f"nnm+{r}" for r in ROBUST)]
-    rows = [(d, here, iid) for d, here, iid in rows if here and iid]
+    compared = [(d, *_worst_over_shared(f, (d, split, MOMENTUM), (d, "iid", MOMENTUM)))
+                for d in (f"nnm+{r}" for r in ROBUST)]
+    rows = [(d, here, iid) for d, here, iid in compared if here and iid]
     if not rows:
         return Verdict(NOT_RUN, "no attacked nnm+rule on this split and iid")
     return Verdict.of(

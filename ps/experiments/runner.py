@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -221,7 +221,7 @@ def _start_cell_process(loaded: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def verify_sample(cells: list[Cell], results: list[dict[str, Any]], count: int,
+def verify_sample(cells: Sequence[Cell], results: list[dict[str, Any]], count: int,
                   how: CellRun, progress: Callable[[str], None] = lambda line: print(
                       line, file=sys.stderr)) -> list[dict[str, Any]]:
     """Run ``count`` randomly chosen cells through the cluster as well; for each, the

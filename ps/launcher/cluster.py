@@ -462,7 +462,8 @@ class BackgroundRun:
 
     def join(self) -> ClusterResult | BaseException:
         self._thread.join()
-        return self._outcome  # type: ignore[return-value]  (set before the thread ends)
+        assert self._outcome is not None  # _run sets it before the thread ends
+        return self._outcome
 
     def _run(self) -> None:
         try:

@@ -162,8 +162,10 @@ def _run_child(name: str, command: Callable[..., None], module: str, args: list[
         os.close(log)
         os.close(devnull)
         # fresh streams on the log (the launcher's may be replaced, e.g. under pytest)
-        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        out = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdout = sys.__stdout__ = out  # type: ignore[misc]  # Final in typeshed
+        err = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = sys.__stderr__ = err  # type: ignore[misc]  # Final in typeshed
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [module, *args]

@@ -57,6 +57,7 @@ class ManagedProcess:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the exit; whether it exited."""
+        assert self.process is not None, f"{self.name} was never started"
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -64,9 +65,10 @@ class ManagedProcess:
         return True
 
     def signal(self, signum: int) -> None:
-        if self.running:
+        pid = self.pid
+        if self.running and pid is not None:  # (running: it has one)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signum)
+                os.killpg(pid, signum)
 
     def tail(self, lines: int = 15) -> list[str]:
         """The last ``lines`` lines of the process's log."""

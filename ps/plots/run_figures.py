@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ log = logging.getLogger("ps.plots")
 ENGINE_FILE = "engine.jsonl"  # ps-simulate: per round, aggregation_ms per shard, corrupted
 WIDE_RANGE = 100.0  # values spanning more than this factor get a logarithmic axis
 
-Line = tuple[list[float], list[float]]  # (rounds, values)
+Line = tuple[Sequence[float], Sequence[float]]  # (rounds, values)
 Series = dict[str, Line]  # label -> line
 
 
@@ -256,7 +256,7 @@ def draw_aggregation(run_dir: Path, config: dict[str, Any]) -> Path | None:
 
 def _server_aggregation(run_dir: Path) -> dict[int, Line]:
     """From ``server-<s>.jsonl``: per shard, (rounds, aggregation ms)."""
-    times = {}
+    times: dict[int, Line] = {}
     for s, path in numbered(run_dir, "server").items():
         if rows := read_rounds(path, "aggregation_ms"):
             times[s] = ([r["round"] for r in rows], [r["aggregation_ms"] for r in rows])

@@ -31,11 +31,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 EVENTS_DIR = "tensorboard"
 log = logging.getLogger("ps.plots")
+# how the records of one kind of file become events: (its path, a record)
+_Write = Callable[[Path, dict[str, Any]], None]
 
 
 def available() -> bool:
@@ -112,11 +115,12 @@ class RunEvents:
     def close(self) -> None:
         self.writer.close()
 
-    def _files(self) -> list[tuple[Path, Any]]:
+    def _files(self) -> list[tuple[Path, _Write]]:
         run = self.run_dir
-        found = [(p, write) for p, write in ((run / "evaluator.jsonl", self._evaluation),
-                                             (run / "engine.jsonl", self._engine))
-                 if p.exists()]
+        found: list[tuple[Path, _Write]] = [
+            (p, write) for p, write in ((run / "evaluator.jsonl", self._evaluation),
+                                        (run / "engine.jsonl", self._engine))
+            if p.exists()]
         for prefix, write in (("worker", self._worker), ("server", self._server),
                               ("proxy", self._proxy)):
             found += [(p, write) for p in sorted(run.glob(f"{prefix}-*.jsonl"))]

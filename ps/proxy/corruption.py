@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from common.attacks import Site, ValueAttack
+from common.attacks import Site, ValueAttack, VectorAttack
 from common.config import AttackConfig, RunConfig
 from common.sharding import ServerSlices
 
@@ -48,6 +48,7 @@ class ShardCorruptor:
         if isinstance(impl, ValueAttack):
             return impl.corrupt(values, self._site(round_, worker, "push"))
         if impl is not None and worker in self.victims:
+            assert isinstance(impl, VectorAttack)  # a proxy's attack: value or vector level
             empty = np.empty((1, values.size), dtype=np.float32)
             forged = impl.forge_at(empty, 1, self.cfg.num_workers, self.cfg.seed,
                                    f"proxy-{impl.name}", round_, worker, self.shard)
@@ -57,8 +58,10 @@ class ShardCorruptor:
     def corrupt_round(self, round_: int, pushes: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         """Replace the victims' pushes (``pushes`` ordered by worker id) with forged ones."""
         honest = np.stack([p for i, p in enumerate(pushes) if i not in self.victims])
-        forged = self.impl.forge_at(honest, len(self.victims), self.cfg.num_workers,
-                                    self.cfg.seed, f"proxy-{self.impl.name}", round_, self.shard)
+        impl = self.impl
+        assert isinstance(impl, VectorAttack)  # only a vector attack holds whole rounds
+        forged = impl.forge_at(honest, len(self.victims), self.cfg.num_workers,
+                               self.cfg.seed, f"proxy-{impl.name}", round_, self.shard)
         out = list(pushes)
         for row, worker in enumerate(self.victims):
             out[worker] = forged[row]
@@ -68,10 +71,10 @@ class ShardCorruptor:
         self, round_: int, worker: int, values: np.ndarray
     ) -> tuple[np.ndarray, int]:
         """PARAMS reply to ``worker`` (-1: the evaluator, never corrupted)."""
-        value_level = isinstance(self.impl, ValueAttack)
-        if not self.attack.corrupt_params or worker < 0 or not value_level:
+        impl = self.impl
+        if not self.attack.corrupt_params or worker < 0 or not isinstance(impl, ValueAttack):
             return values, 0
-        return self.impl.corrupt(values, self._site(round_, worker, "params"))
+        return impl.corrupt(values, self._site(round_, worker, "params"))
 
     def _site(self, round_: int, worker: int, what: str) -> Site:
         return Site(seed=self.cfg.seed, round=round_, worker=worker, shard=self.shard,

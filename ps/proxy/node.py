@@ -75,11 +75,16 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
     server's own key to the workers, admitting the workers' keys only: a man in the
     middle works only because the test handed it both.
     """
-    ctx = node_context(keys is not None)
+    if options.server is None:  # (required: the command does not start without it)
+        raise ConfigError("ps-proxy needs --server")
     expected = parse_shard_set(options.shard, cfg.num_shards) if options.shard else None
     first = expected[0] if expected else None
+    if keys is not None and first is None:  # (as the command checks)
+        raise ConfigError("ps-proxy with --keys needs --shard (whose keys to use)")
+    ctx = node_context(keys is not None)
     back = connect_dealer(ctx, options.server,
-                          curve=keys.client_curve(f"proxy-{first}", first) if keys else None)
+                          curve=keys.client_curve(f"proxy-{first}", first)
+                          if keys is not None and first is not None else None)
     front = None
     try:
         welcome = handshake(back, cfg, options)

@@ -97,7 +97,7 @@ class Simulation:
         t = self.shards[0].round
         n = self.cfg.num_workers
         views = [self._pulled_by(t, i) for i in range(n)]
-        grads: list[np.ndarray] = [None] * n  # type: ignore[list-item]
+        grads: dict[int, np.ndarray] = {}  # each worker's vector, by id (all n below)
         byzantine = [i for i in range(n) if self.attack.is_byzantine(i)]
         honest = honest_workers(self.cfg, self.attack)
         # a Byzantine worker that pulled what the honest workers pulled, and has always
@@ -109,8 +109,9 @@ class Simulation:
             if not (shortcut[i] or trains or i in self.tracking) and self.cfg.worker_momentum:
                 # from now on it keeps the honest workers' momentum itself, from theirs
                 # (as they were before this round's step)
-                self.workers[i].state.honest = {  # type: ignore[union-attr]
-                    j: self.workers[j].momentum.copy() for j in honest}
+                state = self.workers[i].state
+                assert state is not None  # (a Byzantine worker's)
+                state.honest = {j: self.workers[j].momentum.copy() for j in honest}
                 self.tracking.add(i)
         for i in honest:
             grads[i] = self.workers[i](views[i], t)[0]
@@ -125,10 +126,10 @@ class Simulation:
                 grads[i] = self.workers[i](views[i], t)[0]
         # each worker sends its vector as --wire-dtype: rounded there (after the forgers
         # read the honest vectors, which they recompute unrounded)
-        grads = [self._wire(g) for g in grads]
+        wired = [self._wire(grads[i]) for i in range(n)]
         metrics = []
         for s, (a, b) in enumerate(self.ranges):
-            pushes = [g[a:b] for g in grads]
+            pushes = [g[a:b] for g in wired]
             corruptor = self.corruptors.get(s)
             aggregated = self.participation.workers(s, t, n)
             if corruptor is not None:

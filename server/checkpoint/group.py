@@ -87,7 +87,7 @@ class GroupFiles:
         rounds = {c.round for c in current.values() if c is not None}
         if len(self.current) == len(self.shards) and len(rounds) == 1:
             self.complete = rounds.pop()
-            return [current[s] for s in self.shards]  # type: ignore[misc]
+            return [c for s in self.shards if (c := current[s]) is not None]  # (all are)
         found = {s: {} if c is None else {c.round: c} for s, c in current.items()}
         if self.keep_previous:
             for s in self.shards:

@@ -19,8 +19,9 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from io import BufferedReader
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -89,7 +90,7 @@ def load_checkpoint(path: Path, *, key: bytes | None, expect: Expected) -> Check
 
 @contextmanager
 def _opened(path: Path, expect: Expected,
-            keyed: bool) -> Iterator[tuple[IO[bytes], bytes, int]]:
+            keyed: bool) -> Iterator[tuple[BufferedReader, bytes, int]]:
     """The open file positioned after its first line, the line and the file's size.
     Refused having read at most that line (``LINE_MAX`` bytes) if it is not a regular
     file (a FIFO would block: opened non-blocking), is empty, is not this version's
@@ -115,7 +116,8 @@ def _opened(path: Path, expect: Expected,
                                   f"{expect.shard} (at most {limit} bytes for its "
                                   f"{expect.size} values)")
         os.lseek(fd, len(line), os.SEEK_SET)
-        f = os.fdopen(fd, "rb", buffering=BUFFER)
+        # (binary and buffered: a BufferedReader, which typeshed leaves a BinaryIO)
+        f = cast(BufferedReader, os.fdopen(fd, "rb", buffering=BUFFER))
     except OSError as exc:
         os.close(fd)
         raise CheckpointError(path, f"cannot read it ({exc.strerror or exc})") from exc
@@ -129,20 +131,20 @@ def _opened(path: Path, expect: Expected,
             raise CheckpointError(path, f"cannot read it ({exc.strerror or exc})") from exc
 
 
-def _exact(path: Path, f: IO[bytes], count: int, size: int) -> bytes:
+def _exact(path: Path, f: BufferedReader, count: int, size: int) -> bytes:
     data = f.read(count)
     if len(data) != count:
         raise CheckpointError(path, f"truncated: {size} bytes, shorter than its header")
     return data
 
 
-def _read_array(path: Path, f: IO[bytes], values: int, running: Any) -> np.ndarray:
+def _read_array(path: Path, f: BufferedReader, values: int, running: Any) -> np.ndarray:
     """``values`` float32 read into one array of that size, hashed block by block."""
     array = np.empty(values, dtype=FLOAT)
-    view = memoryview(array).cast("B")
+    view = array.data.cast("B")  # memoryview(array): numpy types its buffer from 3.12
     for start in range(0, len(view), BLOCK):
         block = view[start:start + BLOCK]
-        if f.readinto(block) != len(block):  # type: ignore[attr-defined]
+        if f.readinto(block) != len(block):
             raise CheckpointError(path, "truncated while read (it shrank)")
         running.update(block)
     return array

@@ -45,7 +45,7 @@ def checkpoint_parts(ckpt: Checkpoint, key: bytes | None) -> list[Any]:
     """The buffers of ``ckpt``'s file, tagged with ``key`` (None: an unkeyed digest): its
     arrays are hashed and written where they are, never copied."""
     head, arrays = encode(ckpt, keyed=key is not None)
-    views = [memoryview(a).cast("B") for a in arrays]
+    views = [a.data.cast("B") for a in arrays]  # memoryview(a): numpy types it from 3.12
     return [head, seal.tag(key, head, views), *views]
 
 
@@ -141,6 +141,7 @@ class CheckpointWriter:
                 if self._closed:
                     return
                 ckpts, self._pending = self._pending, None
+            assert ckpts is not None  # (the wait above ends with one, or closed)
             self._save(ckpts)
 
     def _save(self, ckpts: list[Checkpoint]) -> None:
