@@ -94,7 +94,8 @@ def settings_command(command: Command, everyone: Mapping[str, Command] | None = 
     def make(f: Callable) -> click.Command:
         @functools.wraps(f)
         def run(**values: Any) -> Any:
-            error = click.get_current_context().command.plugin_error
+            command_now = click.get_current_context().command
+            error = command_now.plugin_error if isinstance(command_now, SettingsCommand) else None
             if error is not None:
                 raise click.UsageError(str(error))
             values.pop(CONFIG_PARAM, None)

@@ -310,9 +310,9 @@ class AttackConfig:
         unknown = sorted(set(given) - set(ATTACKS))
         if unknown:
             raise ConfigError(f"parameters for unknown attacks: {', '.join(unknown)}")
-        full = {}
+        full: dict[str, Attack] = {}
         for name, cls in ATTACKS.items():
-            value = given.get(name, {})
+            value: Attack | dict[str, Any] = given.get(name, {})
             full[name] = value if isinstance(value, Attack) else cls(**value)
         object.__setattr__(self, "params", full)
 

@@ -105,7 +105,7 @@ def load_entry_points(kind: str) -> None:
     """Register the ``byzps.<kind>`` entry points of the installed packages (a broken
     one is refused with one line naming it)."""
     registry = _registry(kind)
-    for ep in _installed_entry_points().select(group=GROUPS[kind]):
+    for ep in _installed_entry_points(GROUPS[kind]):
         if ep.name in registry:
             continue
         try:
@@ -175,9 +175,9 @@ def scan_argv(argv: list[str], environ: Mapping[str, str]) -> dict[str, str]:
 
 
 @functools.cache
-def _installed_entry_points() -> metadata.EntryPoints:
-    """Every installed package's entry points, read once per process."""
-    return metadata.entry_points()
+def _installed_entry_points(group: str) -> metadata.EntryPoints:
+    """The installed packages' entry points of ``group``, read once per process."""
+    return metadata.entry_points(group=group)
 
 
 def fingerprints(names: Iterable[str]) -> list[str]:
@@ -206,16 +206,14 @@ def _registry(kind: str) -> Any:
 
 def _check(kind: str, path: str, item: Any) -> None:
     """``ConfigError`` unless ``item`` is what ``kind`` registers."""
-    if kind == "rules":
-        from common.rules import Rule as expected
-    elif kind == "pre":
-        from common.rules.pre import PreAggregator as expected
-    elif kind == "attacks":
-        from common.attacks import Attack as expected
-    elif kind == "models":
-        from common.models import ModelSpec as expected
-    else:
-        from common.data.base import DatasetSpec as expected
+    from common.attacks import Attack
+    from common.data.base import DatasetSpec
+    from common.models import ModelSpec
+    from common.rules import Rule
+    from common.rules.pre import PreAggregator
+
+    expected: type = {"rules": Rule, "pre": PreAggregator, "attacks": Attack,
+                      "models": ModelSpec}.get(kind, DatasetSpec)
     ok = (isinstance(item, expected) if kind in ("models", "datasets") else
           inspect.isclass(item) and issubclass(item, expected) and item is not expected)
     if not ok:

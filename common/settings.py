@@ -165,7 +165,13 @@ def _fields_declared(cls: type) -> tuple[Declared, ...]:
             continue
         kind, optional = _value_type(hints[f.name], f"{cls.__name__}.{f.name}")
         flag = spec.flag or "--" + f.name.replace("_", "-")
-        roles = spec.roles if spec.roles is not None else frozenset(cls.setting_roles())
+        # a setting without roles takes its class's (an attack's: where it can run)
+        roles = spec.roles
+        if roles is None:
+            own_roles = getattr(cls, "setting_roles", None)
+            if own_roles is None:
+                raise TypeError(f"{cls.__name__}.{f.name}: no roles, and its class names none")
+            roles = frozenset(own_roles())
         out.append(Declared(
             name=f.name, kind=kind, optional=optional, default=f.default,
             spec=spec, flag=flag, env=spec.env or "PS_" + flag[2:].upper().replace("-", "_"),

@@ -44,11 +44,10 @@ def test_a_plugin_is_named_by_a_dotted_path(path: str, ok: bool) -> None:
 
 
 def test_an_entry_point_registers_a_rule_with_its_version_in_the_hash(monkeypatch) -> None:
-    class Installed:
-        def select(self, group):
-            return [_EntryPoint()] if group == "byzps.rules" else []
+    def installed(group: str) -> list[_EntryPoint]:
+        return [_EntryPoint()] if group == "byzps.rules" else []
 
-    monkeypatch.setattr(plugins, "_installed_entry_points", Installed)
+    monkeypatch.setattr(plugins, "_installed_entry_points", installed)
     plugins.load_entry_points("rules")
     try:
         assert RULES["halved"] is Halved
