@@ -18,11 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
-# Test files still importing from scripts/, each removed by a change under way: the
-# engineer who owns test_smoke_checker.py is changing it to run
-# scripts/check_smoke_metrics.py as a command; that change removes this entry.
-ALLOWED = {"tests/unit/test_smoke_checker.py"}
-
 SCRIPT_NAMES = sorted(p.stem for p in (ROOT / "scripts").glob("*.py"))
 IMPORT = re.compile(
     r"^\s*(?:from|import)\s+(?:scripts\b|(?:" + "|".join(map(re.escape, SCRIPT_NAMES))
@@ -46,7 +41,7 @@ def test_no_test_imports_from_scripts() -> None:
     for path in sorted(TESTS.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         lines = script_imports(path.read_text(encoding="utf-8"))
-        if lines and name not in ALLOWED and path != Path(__file__).resolve():
+        if lines and path != Path(__file__).resolve():
             offenders[name] = lines
     assert not offenders, ("tests import from scripts/ (run the script as a subprocess, or "
                            f"move what the test needs into a package): {offenders}")
