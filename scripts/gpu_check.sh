@@ -32,7 +32,7 @@ PY
 
 echo "gpu_check: the tests marked cuda" >&2
 timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
-  tests/unit/test_device.py tests/integration/test_device_cluster.py
+  tests/unit/worker/test_device.py tests/integration/test_device_cluster.py
 
 echo "gpu_check: ResNet-18, the cluster on the GPU against the engine on it" >&2
 timeout $(( 470 - ($(date +%s) - started) )) python3 scripts/bench_gpu.py --out "$out"

@@ -42,8 +42,8 @@ decision of the exchange:
   exchange: ``ServerRefused`` (``ConfigError`` for ``config-mismatch``), ``PeerError``.
 
 ``now`` is an argument, so every branch is tested with a fake clock
-(``tests/unit/test_worker_core.py``); the ZeroMQ sockets and the poll loop around it
-are ``worker/client.py``.
+(``tests/unit/worker/test_worker_core.py``); the ZeroMQ sockets and the poll loop
+around it are ``worker/client.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ restart exit 2: no crash loop), and leaves the file as it was; on the checkpoint
 server wrote, it resumes. The keyed servers' checkpoints are written once for the module
 (each test alters its own copy). Of what anyone could write where servers run
 --insecure, a garbage file and a table of 4e12 values go through real processes; the
-other reasons (each unit-tested in ``tests/unit/test_checkpoint.py``) through the
+other reasons (each unit-tested in ``tests/unit/server/test_checkpoint.py``) through the
 server's loading path in this process (``server.node.build_core``), the same error."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from common.errors import EXIT_MISMATCH
 from ps.experiments.cli import main
 from ps.experiments.grid import GridSpec, paper_cells
 from ps.experiments.runner import cell_path
-from tests.unit.test_data import write_cifar
+from tests.unit.common.test_data import write_cifar
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from ps.deploy.stack import GPU_RESOURCE, stack_spec
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OPTIONS = {"env_file": "docker/cluster.env", "proxy_shards": [0], "byzantine_workers": [],
            "worker_attack": "gaussian"}
 

@@ -40,7 +40,7 @@ from ps.deploy.yamlfile import MERGE, Anchored, Flow, FlowMap, Literal, Octal, Q
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],
            "byzantine_workers": [], "worker_attack": "gaussian"}
 GAMBLER = {**SHIPPED, "experiment": "docker/experiments/gambler.env"}

@@ -6,8 +6,8 @@ its process loads, none in an environment), placement, restart policy and volume
 ``docker/gen_stack.py --check`` keeps the committed file current. Most tests here read
 the gambler experiment (``docker/experiments/gambler.env`` over the env file: a proxy in
 front of server 0), the shipped file having none. (What each container can read and
-write and its limits: ``tests/unit/test_deploy_isolation.py``; the shipped files and
-the experiments: ``tests/unit/test_deploy_experiment.py``.)
+write and its limits: ``tests/unit/ps/test_deploy_isolation.py``; the shipped files and
+the experiments: ``tests/unit/ps/test_deploy_experiment.py``.)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ps.deploy.stack import (
 )
 from server.options import ServerOptions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV_FILE = ROOT / "docker" / "cluster.env"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 SHIPPED = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],

@@ -28,7 +28,7 @@ from ps.keys.cli import main as keys_main
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENT = "docker/experiments/gambler.env"
 SHIPPED = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],
            "byzantine_workers": [], "worker_attack": "gaussian"}

@@ -271,7 +271,7 @@ def test_quorum_is_checked_through_the_chain() -> None:
 
 
 def test_readme_lists_every_pre_aggregator() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     for name, cls in PRE_AGGREGATORS.items():
         row = next((line for line in readme.splitlines() if line.startswith(f"| `{name}` |")),
                    None)

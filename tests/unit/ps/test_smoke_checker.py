@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_smoke_metrics.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "check_smoke_metrics.py"
 
 
 def main(argv: list[str]) -> int:

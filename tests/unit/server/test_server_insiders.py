@@ -19,7 +19,7 @@ from common.keys import Identity
 from common.metrics import read_jsonl
 from common.protocol import Ack, Error, ErrorCode, Hello, Params, ProtocolError, Status
 from common.transport import Incoming
-from tests.unit.test_server_core import (
+from tests.unit.server.test_server_core import (
     CFG5,
     _worker_peer,
     garbage,

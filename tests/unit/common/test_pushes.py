@@ -10,7 +10,7 @@ import pytest
 from common.protocol import ErrorCode, Push, Refused, decode, encode
 from common.pushes import PushWindow, check_push
 from server.group import ShardGroup
-from tests.unit.test_proxy_core import CFG, GAMBLER, LENGTH, attack, make_core, push
+from tests.unit.ps.test_proxy_core import CFG, GAMBLER, LENGTH, attack, make_core, push
 
 WINDOW = PushWindow(workers=4, rounds=10, size=5, current=3, oldest=3, newest=4)
 

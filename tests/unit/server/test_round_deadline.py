@@ -15,7 +15,7 @@ from common.protocol import Ack
 from ps.launcher.cluster import ClusterSpec
 from server.deadline import AUTO_FIRST_S, AUTO_FLOOR_S, AUTO_HISTORY, AUTO_MAX_S, RoundDeadline
 from server.options import ServerOptions, default_quorum
-from tests.unit.test_server_core import CFG5, hello, make_core, only, push
+from tests.unit.server.test_server_core import CFG5, hello, make_core, only, push
 
 CFG7 = RunConfig(dataset="synthetic", num_workers=7, num_shards=2, rule="marmed", q=2,
                  lr=0.5, rounds=40).validate()
@@ -167,7 +167,7 @@ def test_a_proxy_attack_that_holds_rounds_turns_the_default_deadline_off() -> No
 def greet_at(core, worker: int, now: float) -> None:
     """Worker ``worker``'s first HELLO, at ``now``."""
     from common.protocol import Hello
-    from tests.unit.test_server_core import message
+    from tests.unit.server.test_server_core import message
 
     core.handle(message(Hello(role="worker", worker=worker, config_hash=CFG5.config_hash),
                         peer=f"worker-{worker}".encode()), now)

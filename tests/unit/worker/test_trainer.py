@@ -99,7 +99,7 @@ def test_resnet18_trains_on_cifar10_read_from_its_official_batches(tmp_path) -> 
     """CIFAR-10's python batches written as the official ones are, read by the real
     loader from --data-dir, and ResNet-18 (GroupNorm) computing a gradient on them: finite,
     and a step along it lowers the minibatch loss."""
-    from tests.unit.test_data import write_cifar
+    from tests.unit.common.test_data import write_cifar
 
     write_cifar(tmp_path / "cifar-10-batches-py", per_batch=16)
     cfg = RunConfig(dataset="cifar10", model="resnet18", num_workers=2, batch_size=8,

@@ -14,7 +14,7 @@ from common.config import RunConfig
 from common.errors import ConfigError
 from common.rules import RULES, Rule
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 
 
 class Halved(Rule):

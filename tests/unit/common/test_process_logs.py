@@ -24,7 +24,7 @@ def test_the_log_rotates_at_its_size_and_raw_output_follows_the_current_file(
         tmp_path: Path) -> None:
     log = tmp_path / "node.log"
     subprocess.run([sys.executable, "-c", CHILD, str(log)], check=True, timeout=60,
-                   cwd=Path(__file__).resolve().parents[2])
+                   cwd=Path(__file__).resolve().parents[3])
     files = sorted(tmp_path.glob("node.log*"))
     assert [f.name for f in files] == ["node.log", "node.log.1", "node.log.2"]
     assert all(f.stat().st_size <= 10_100 for f in files)  # 0.01 MB each, a line over

@@ -16,7 +16,7 @@ from common.protocol import Ack, Error, ErrorCode, Hello, Push, Welcome, decode,
 from common.relay_auth import hello_tag, new_nonce, pair_key, push_tag, x25519
 from common.transport import Incoming
 from server.sessions import RelayTags
-from tests.unit.test_server_core import CFG5, grad, make_core, only
+from tests.unit.server.test_server_core import CFG5, grad, make_core, only
 
 PROXY = Identity("proxy", 0)
 CONNECTION = b"proxy-0-connection"
@@ -147,7 +147,7 @@ def test_a_direct_connection_needs_no_tag(ring) -> None:
 def test_a_worker_tags_what_it_sends_through_keys(ring) -> None:
     """The worker's core: its HELLO and its push headers (first and repeated) carry the
     tags a server accepts from a proxy, for each server process its own."""
-    from tests.unit.test_worker_core import gradient, reply, welcome
+    from tests.unit.worker.test_worker_core import gradient, reply, welcome
     from worker.core import ClientCore
 
     cfg = CFG5

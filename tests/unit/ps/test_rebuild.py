@@ -29,7 +29,7 @@ from ps.experiments.rebuild import (
 )
 from ps.experiments.report import ReportInfo, write_results
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "docs" / "results"
+PUBLISHED = Path(__file__).resolve().parents[3] / "docs" / "results"
 
 
 def _record(seed: int, final: float, **fields) -> dict:

@@ -201,7 +201,7 @@ def test_a_fresh_matplotlib_cache_logs_nothing_on_the_terminal(tmp_path: Path) -
             "from ps.plots.style import pyplot, save\n"
             "fig = pyplot().figure(); fig.gca().plot([0, 1]); fig.gca().set_title('t')\n"
             f"save(fig, __import__('pathlib').Path({str(tmp_path / 'f.png')!r}))\n")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=root, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root),

@@ -40,7 +40,7 @@ from ps.keys.cli import main as keys_main
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV_FILE = ROOT / "docker" / "cluster.env"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 DEFAULT = {"env_file": "docker/cluster.env", "experiment": None, "proxy_shards": [0],
