@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from common.settings import PROXY, WORKER, Declared, declared
+from common.conf.settings import PROXY, WORKER, Declared, declared
 
 KINDS = ("rules", "pre", "attacks", "models", "datasets")
 # where each kind is named
@@ -58,8 +58,8 @@ def catalog(kinds: Iterable[str] = KINDS) -> list[Entry]:
 
 
 def _rules() -> list[Entry]:
-    from common.rules import RULES
-    from common.rules.base import option_settings
+    from common.learn.rules import RULES
+    from common.learn.rules.base import option_settings
 
     return [Entry("rules", name, "--rule", cls.summary, cls.needs,
                   {"stateful": cls.stateful}, _options(option_settings(cls)))
@@ -67,8 +67,8 @@ def _rules() -> list[Entry]:
 
 
 def _pre() -> list[Entry]:
-    from common.rules.base import option_settings
-    from common.rules.pre import PRE_AGGREGATORS
+    from common.learn.rules.base import option_settings
+    from common.learn.rules.pre import PRE_AGGREGATORS
 
     return [Entry("pre", name, "--pre", cls.summary, cls.needs, {},
                   _options(option_settings(cls)))
@@ -76,7 +76,7 @@ def _pre() -> list[Entry]:
 
 
 def _attacks() -> list[Entry]:
-    from common.attacks import ATTACKS, ValueAttack
+    from common.learn.attacks import ATTACKS, ValueAttack
 
     entries = []
     for name, cls in ATTACKS.items():
@@ -94,14 +94,14 @@ MODEL_DEVICES = ["cpu", "cuda (deterministic)"]
 
 
 def _models() -> list[Entry]:
-    from common.models import MODELS
+    from common.learn.models import MODELS
 
     return [Entry("models", name, "--model", spec.summary, "", {"devices": MODEL_DEVICES})
             for name, spec in MODELS.items()]
 
 
 def _datasets() -> list[Entry]:
-    from common.data import DATASETS
+    from common.learn.data import DATASETS
 
     return [Entry("datasets", name, "--dataset", spec.summary, "",
                   {"input": list(spec.input_shape), "classes": spec.num_classes})

@@ -7,9 +7,9 @@ import json
 
 import click
 
-from common import plugins
-from common.cli import CONTEXT_SETTINGS
 from common.errors import ConfigError
+from common.run import plugins
+from common.run.cli import CONTEXT_SETTINGS
 from ps.catalog import KINDS, as_json, as_text, catalog
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import click
 
-from common.config import AttackConfig, RunConfig
-from common.keys import SecurityOptions
-from common.metrics import read_jsonl
+from common.net.keys import SecurityOptions
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.report import ClusterResult

@@ -4,7 +4,7 @@ against it from ``--sources`` loopback addresses (opening them again as the serv
 them), and how many the server held.
 
 A bare connection delivers nothing, so no key is known and no key's budget applies; the
-in-flight guard (``common/inflight.py``) bounds them per source address and in all and
+in-flight guard (``common/net/inflight.py``) bounds them per source address and in all and
 scans them every few intervals. Printed: cores idle, cores under the flood, cores in the
 same time after it (the connections left held and scanned: within the 10 s before an
 idle connection is cut), connections opened, and how many were still open at the end.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import click
 
-from common.config import RunConfig
-from common.keys import create_keys
-from common.settings import SERVER, to_argv
+from common.conf.settings import SERVER, to_argv
+from common.net.keys import create_keys
+from common.run.config import RunConfig
 from ps.chaos.keyholders import BareFlood, cpu_s
 
 

@@ -86,15 +86,15 @@ import click
 import numpy as np
 import torch
 
-from common.config import AttackConfig, RunConfig
-from common.data import dataset_shape, load_dataset
-from common.metrics import read_jsonl
-from common.model_init import initial_parameters
-from common.models import build_model, num_parameters
-from common.rules.defence import Defence
-from common.rules.pre import RoundContext
-from common.sharding import server_blocks
-from common.wire import WIRE_DTYPES
+from common.learn.data import dataset_shape, load_dataset
+from common.learn.models import build_model, num_parameters
+from common.learn.rules.defence import Defence
+from common.learn.rules.pre import RoundContext
+from common.net.sharding import server_blocks
+from common.net.wire import WIRE_DTYPES
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
+from common.run.model_init import initial_parameters
 from ps.launcher.options import local_cores
 from ps.reference.engine import simulate
 from worker.trainer import GradientComputer

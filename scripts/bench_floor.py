@@ -5,7 +5,7 @@ A synthetic cluster with exactly the real cluster's message pattern and (almost)
 Python work: n workers in W worker processes (contiguous blocks, as ``ps-cluster
 --worker-processes W`` runs them), each worker with its own DEALER (and CURVE key) per
 server process, and P server processes, each one ROUTER hosting a contiguous block of
-the S shards (``common.sharding.server_blocks``, as ``ps-cluster --server-processes P``
+the S shards (``common.net.sharding.server_blocks``, as ``ps-cluster --server-processes P``
 spreads them). Every round each worker spins ``compute_ms`` (standing in for its
 gradient), pushes to every server process one message carrying its float32 slices of
 all the shards the process hosts (one contiguous frame: a block's ranges are adjacent),
@@ -48,8 +48,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.protocol import PROTOCOL_VERSION, Op
-from common.sharding import server_blocks, shard_ranges
+from common.net.protocol import PROTOCOL_VERSION, Op
+from common.net.sharding import server_blocks, shard_ranges
 
 DEADLINE_S = 300.0
 

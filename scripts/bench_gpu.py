@@ -35,11 +35,11 @@ from typing import Any
 import click
 import torch
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.metrics import read_jsonl
-from common.model_init import initial_parameters
+from common.learn.data import load_dataset
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
+from common.run.model_init import initial_parameters
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
 from worker.device import describe, resolve_device

@@ -30,8 +30,8 @@ from typing import Any
 
 import click
 
-from common.config import AttackConfig, RunConfig
-from common.keys import SecurityOptions
+from common.net.keys import SecurityOptions
+from common.run.config import AttackConfig, RunConfig
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all

@@ -6,7 +6,7 @@ and the rule are each timed ``--repeat`` times, one after the other; the table s
 rule's median time and its ratio to the median of ``torch.mean`` just measured.
 torch runs with its default thread count (printed in the header); the rule kernels
 split large inputs over the same number of threads.  The pre-aggregators of
-``common/rules/pre`` (``--pre``) are timed alone, as rows ``pre:NAME``: the time one adds
+``common/learn/rules/pre`` (``--pre``) are timed alone, as rows ``pre:NAME``: the time one adds
 in front of any rule.
 
     PYTHONPATH=. python scripts/bench_rules.py --n 20 --d 1000000
@@ -26,8 +26,8 @@ import click
 import numba
 import torch
 
-from common.rules import RuleError, make_rule, rule_names
-from common.rules.pre import Chain, RoundContext, pre_names
+from common.learn.rules import RuleError, make_rule, rule_names
+from common.learn.rules.pre import Chain, RoundContext, pre_names
 
 PRE = "pre:"  # the prefix of a pre-aggregator's row
 

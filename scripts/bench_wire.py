@@ -19,7 +19,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.protocol import Push, decode, encode
+from common.net.protocol import Push, decode, encode
 
 MODES = ("protocol-frames", "msgpack-embedded")
 

@@ -6,7 +6,7 @@
 # server 0, the workers, the evaluator), build the image, start that cluster, wait
 # for the run to finish, and check:
 #   * inside every node's running container: /keys holds exactly the key files its
-#     identity loads (common.keys.needed_keys) and cannot be written; the root file
+#     identity loads (common.net.keys.needed_keys) and cannot be written; the root file
 #     system cannot be written; /runs (its own directory) can; no other writable
 #     mount than /runs, /tmp and Docker's own; and the engine applied the memory,
 #     pids, read-only and log-rotation settings to every container;
@@ -120,7 +120,7 @@ mapfile -t wanted < <(python3 - "$compose_file" <<'PY'
 import sys
 from pathlib import Path
 
-from common.keys import needed_keys
+from common.net.keys import needed_keys
 from ps.deploy.compose import ARGS_MARK, deployment_of, recorded_options
 from ps.deploy.compose import service_environments
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate the README's tables of rules, attacks, datasets and settings from their
 declarations (the registries, as ``ps-list`` shows them: ``ps/catalog.py``;
-``common.settings``, and ``common.commands`` for which settings classes the commands take).
+``common.conf.settings``, and ``common.run.commands`` for which settings classes the
+commands take).
 
     python3 scripts/gen_docs.py           # rewrite the generated blocks of README.md
     python3 scripts/gen_docs.py --check   # exit 1 if README.md is stale
@@ -19,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.commands import COMMANDS, setting_classes  # noqa: E402
-from common.settings import markdown_table  # noqa: E402
+from common.conf.settings import markdown_table  # noqa: E402
+from common.run.commands import COMMANDS, setting_classes  # noqa: E402
 from ps.catalog import catalog  # noqa: E402
 
 README = ROOT / "README.md"

@@ -11,7 +11,7 @@
 # `secrets:` section) and the ps-keys arguments that write them (its header); each
 # file becomes the secret <prefix>-<file>, e.g. byzps-server-0.key_secret. Which
 # service mounts which secret is the stack file's business: each service exactly the
-# files its process loads (common.keys.needed_keys), so worker-<i>.key_secret goes to
+# files its process loads (common.net.keys.needed_keys), so worker-<i>.key_secret goes to
 # the service worker-<i> alone (docs/deploy.md). Fresh keys are written by `ps-keys`
 # (on the PATH, else inside $PS_IMAGE: no network, read-only root, no capabilities)
 # into a private temporary directory that is deleted once the secrets exist:

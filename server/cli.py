@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
-from common.cli import settings_command
-from common.commands import COMMANDS
-from common.config import RunConfig
-from common.keys import SecurityOptions
-from common.process import ProcessOptions, run_process
-from common.settings import take
+from common.conf.settings import take
+from common.net.keys import SecurityOptions
+from common.run.cli import settings_command
+from common.run.commands import COMMANDS
+from common.run.config import RunConfig
+from common.run.process import ProcessOptions, run_process
 from server.options import ServerOptions
 
 COMMAND = COMMANDS["ps-server"]
@@ -38,8 +38,8 @@ def build_command() -> click.Command:
             cfg = take(RunConfig, values, roles).validate()
             keys = security.ring(COMMAND.name)
             options.check(cfg)
-            from common.model_init import initial_parameters
-            from common.rules.defence import probe_defence
+            from common.learn.rules.defence import probe_defence
+            from common.run.model_init import initial_parameters
             from server.node import serve
 
             probe_defence(cfg)  # a broken rule (a plugin's) refused now, in one line

@@ -19,7 +19,7 @@ decides:
   in flight: the node's in-flight guard) is barred for the rest of the run: its
   messages are dropped, the ``on_bar`` callback (the node's listener) refuses its
   handshakes and cuts its connections, and its worker is absent;
-* per-peer budgets (``common/budgets.py``): refusals beyond a rate per key are dropped
+* per-peer budgets (``common/net/budgets.py``): refusals beyond a rate per key are dropped
   without reply (counted ``unanswered``); refusals, HELLOs and internal errors are
   logged at most once per key and interval, with the text a peer controls cut short;
 * the HELLO check of the run settings, and the sessions it opens: who may push as which
@@ -49,12 +49,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.budgets import PeerPolicy, principal_name, principal_of
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.keys import Identity
-from common.metrics import JsonlWriter
-from common.protocol import (
+from common.net.budgets import PeerPolicy, principal_name, principal_of
+from common.net.keys import Identity
+from common.net.protocol import (
     Ack,
     ErrorCode,
     Header,
@@ -68,8 +66,10 @@ from common.protocol import (
     StatusReply,
     Welcome,
 )
-from common.refusals import Answering, header_as
-from common.sharding import format_shard_set
+from common.net.refusals import Answering, header_as
+from common.net.sharding import format_shard_set
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter
 from server.checkpoint import Checkpoint
 from server.group import ShardGroup
 from server.options import ServerOptions
@@ -77,7 +77,7 @@ from server.sessions import RelayTags, Session, Sessions
 from server.shard import RoundMetrics
 
 if TYPE_CHECKING:
-    from common.transport import Incoming, Peer
+    from common.net.transport import Incoming, Peer
 
 log = logging.getLogger("ps.server")
 
@@ -265,7 +265,7 @@ class ServerCore:
 
     def handle(self, incoming: Incoming, now: float) -> list[Reply]:
         """The replies to one received message (never raises for what a peer sent: the
-        refusal path is ``common.refusals``, shared with the proxy)."""
+        refusal path is ``common.net.refusals``, shared with the proxy)."""
         self.bytes_in += incoming.size
         principal = self._principal(incoming)
 
@@ -279,7 +279,7 @@ class ServerCore:
         return self.answers.answer(incoming, principal, now, dispatch)
 
     def _principal(self, incoming: Incoming) -> Hashable:
-        """Whom ``incoming``'s budgets are charged to (``common.budgets.principal_of``): a
+        """Whom ``incoming``'s budgets are charged to (``common.net.budgets.principal_of``): a
         proxy's key, but, for a worker whose HELLO through it carried the worker's own
         tag (its session), (the proxy, that worker): one worker behind a proxy cannot
         spend the others' answers, and envelopes the key holder makes up share one."""
@@ -292,7 +292,7 @@ class ServerCore:
         return principal
 
     def reply_principal(self, envelope: Sequence[Any]) -> Hashable | None:
-        """Whom a reply behind ``envelope`` is charged to (``common.transport.ReplyLedger``):
+        """Whom a reply behind ``envelope`` is charged to (``common.net.transport.ReplyLedger``):
         the key of its peer's session ((proxy, worker) for a worker relayed through a
         proxy; the connection, and the worker it relays, without keys); None for a peer
         without a session (it gets only refusals, which are small)."""
@@ -308,7 +308,7 @@ class ServerCore:
 
     def unread_reply(self, principal: Hashable) -> None:
         """A large reply to ``principal`` was dropped: its earlier ones are still untaken
-        (``common.transport.ReplyLedger``); counted, logged within its budget."""
+        (``common.net.transport.ReplyLedger``); counted, logged within its budget."""
         self.counters[UNREAD_REPLIES] += 1
         held = self.peers.loggable("unread", principal, time.monotonic())
         if held is not None:

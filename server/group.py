@@ -1,7 +1,7 @@
 """The shards one server process hosts, stepped together (no sockets).
 
 A worker's PUSH to a process carries its gradient's slices of every shard the process
-hosts, concatenated in shard order (``common.sharding.ServerSlices``), so the hosted
+hosts, concatenated in shard order (``common.net.sharding.ServerSlices``), so the hosted
 shards receive the same workers' rows in the same rounds and move in lockstep: one
 round, one deadline, one participation for the process. Each shard keeps everything
 else of its own, exactly as a shard alone in its process: its ``ShardState`` (the
@@ -23,12 +23,12 @@ from typing import cast
 
 import numpy as np
 
-from common.config import RunConfig
-from common.protocol import Message, Push, values_dtype
-from common.pushes import PushWindow, check_push
-from common.rules.defence import Defence
-from common.rules.pre import RoundContext
-from common.sharding import ServerSlices
+from common.learn.rules.defence import Defence
+from common.learn.rules.pre import RoundContext
+from common.net.protocol import Message, Push, values_dtype
+from common.net.pushes import PushWindow, check_push
+from common.net.sharding import ServerSlices
+from common.run.config import RunConfig
 from server.shard import RoundMetrics, ShardState, aggregate_rows
 
 
@@ -90,7 +90,7 @@ class ShardGroup:
 
     def push(self, round_: int, worker: int, values: np.ndarray | Message) -> None:
         """Validate one push of the whole group's slices (``Refused`` as
-        ``common.pushes.check_push``, storing nothing) and store each shard's part."""
+        ``common.net.pushes.check_push``, storing nothing) and store each shard's part."""
         dtype: str | None = None  # the message's (None: the run's)
         if isinstance(values, Message):
             header = values.header

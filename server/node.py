@@ -1,7 +1,7 @@
 """The server node's ZeroMQ loop: receive, let the core decide, send its replies.
 
 Everything a node decides lives in ``server/core.py``; this loop only moves messages
-between the ROUTER socket (``common/transport.py``) and the core, and stops when the
+between the ROUTER socket (``common/net/transport.py``) and the core, and stops when the
 core is done or a stop was requested (then the shards are checkpointed on the way out).
 """
 
@@ -16,12 +16,9 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.keys import KeyRing
-from common.metrics import JsonlWriter
-from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.transport import (
+from common.net.keys import KeyRing
+from common.net.transport import (
     REPLIES_HELD,
     Listener,
     ReplyLedger,
@@ -30,7 +27,10 @@ from common.transport import (
     shut_down,
     write_ready_file,
 )
-from common.wire import ITEM_BYTES as WIRE_ITEM_BYTES
+from common.net.wire import ITEM_BYTES as WIRE_ITEM_BYTES
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter
+from common.run.process import ProcessOptions, check_stop, freeze_startup_objects
 from server.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -97,7 +97,7 @@ def serve(cfg: RunConfig, options: ServerOptions, process: ProcessOptions,
           initial: np.ndarray, keys: KeyRing | None) -> None:
     """Serve until the last round is done (plus linger) or a stop is requested; with
     ``keys`` as a CURVE server that admits only the client keys whose scope includes the
-    shard, within their budgets (``common/admission.py``)."""
+    shard, within their budgets (``common/net/admission.py``)."""
     shards = options.shards(cfg)
     first = shards[0]  # the process's name: its key is server-<first>
     mac_keys = {s: server_mac_key(keys, s, first) for s in shards}

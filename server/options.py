@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config import RunConfig
+from common.conf.settings import CLUSTER, SERVER, setting
 from common.errors import ConfigError
-from common.replay import REPLAY_SLACK, default_checkpoint_every
-from common.rules import RuleError
-from common.rules.defence import validated_q
-from common.settings import CLUSTER, SERVER, setting
-from common.sharding import ShardSet, parse_shard_set
+from common.learn.rules import RuleError
+from common.learn.rules.defence import validated_q
+from common.net.sharding import ShardSet, parse_shard_set
+from common.run.config import RunConfig
+from common.run.replay import REPLAY_SLACK, default_checkpoint_every
 from server.deadline import AUTO, RoundDeadline
 
-# By default every 8 rounds for the paper's models (``common/replay.py``: fewer for a large
+# By default every 8 rounds for the paper's models (``common/run/replay.py``: fewer for a large
 # model): a checkpoint (a file written and fsynced, its directory fsynced) costs about 1.4
 # ms of CPU per server and round here, 28 ms a round with 20 servers; the workers keep the
 # last 18 rounds' pushes (--replay-rounds) for a server resumed from it, or from the one

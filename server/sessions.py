@@ -3,7 +3,7 @@
 A peer (a routing envelope) must HELLO with the run's settings before it may PUSH or
 PULL; the HELLO opens a session that binds the peer to its role and worker id, so a
 session opened as worker i can push only as worker i. With CURVE keys every message must
-be within the scope of the key that authenticated the connection (``common.scopes``):
+be within the scope of the key that authenticated the connection (``common.net.scopes``):
 a proxy's key, only at the server process it fronts, may say HELLO as the proxy itself and relay
 the HELLOs of the workers behind it (relayed messages carry the proxy's routing frame),
 each with its worker's end-to-end tag, as each relayed push header (:class:`RelayTags`).
@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.keys import Identity
-from common.protocol import ErrorCode, Hello, Push, Refused
-from common.relay_auth import hello_tag, push_tag, tags_equal
+from common.net.keys import Identity
+from common.net.protocol import ErrorCode, Hello, Push, Refused
+from common.net.relay_auth import hello_tag, push_tag, tags_equal
 
 if TYPE_CHECKING:
-    from common.transport import Peer
+    from common.net.transport import Peer
 
 MAX_SESSIONS = 1024
 MAX_SESSIONS_PER_PRINCIPAL = 4
@@ -55,7 +55,7 @@ class Session:
 
 
 class RelayTags:
-    """Checks the end-to-end tags (``common/relay_auth.py``) of the HELLOs and pushes a
+    """Checks the end-to-end tags (``common/net/relay_auth.py``) of the HELLOs and pushes a
     proxy relays to server process ``server``: a proxy's key carries only what a worker
     sent, never opens a session for a worker that did not connect through it, never
     pushes a round the worker did not push. ``key(worker)``: the key the server shares

@@ -3,7 +3,7 @@
 Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr * Aggr({g_{i,s}^t : i in [n]}),
 with the n gradient shards ordered by worker id and Aggr the configured rule,
 applied locally and coordinate-wise, after the configured pre-aggregation chain
-(``--pre``, ``common.rules.pre``; seeded by (seed, round, shard)): the run's
+(``--pre``, ``common.learn.rules.pre``; seeded by (seed, round, shard)): the run's
 ``Defence``. A round closed at its deadline aggregates the m < n rows it has (still
 ordered by worker id) with the chain and the rule built for m rows; which workers each
 round aggregated is its participation, kept with the parameters. A stateful rule's
@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.buffers import HostBuffers
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.protocol import ErrorCode, Refused
-from common.rules import RuleError
-from common.rules.defence import Defence
-from common.rules.kernels.reductions import nonfinite_counts
-from common.rules.pre import RoundContext
+from common.learn.rules import RuleError
+from common.learn.rules.defence import Defence
+from common.learn.rules.kernels.reductions import nonfinite_counts
+from common.learn.rules.pre import RoundContext
+from common.net.protocol import ErrorCode, Refused
+from common.run.buffers import HostBuffers
+from common.run.config import RunConfig
 
 # Rounds of parameters kept so that a lagging reader (the evaluator) gets a
 # consistent snapshot of round t from every shard.

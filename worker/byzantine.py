@@ -31,12 +31,12 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from common.attacks import VectorAttack
-from common.attacks.base import Aim
-from common.config import AttackConfig, RunConfig
-from common.rules.defence import Defence
-from common.rules.pre import RoundContext
-from common.sharding import shard_ranges
+from common.learn.attacks import VectorAttack
+from common.learn.attacks.base import Aim
+from common.learn.rules.defence import Defence
+from common.learn.rules.pre import RoundContext
+from common.net.sharding import shard_ranges
+from common.run.config import AttackConfig, RunConfig
 from worker.trainer import GradientComputer, Momentum
 
 

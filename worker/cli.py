@@ -7,13 +7,13 @@ from typing import Any
 
 import click
 
-from common.cli import settings_command
-from common.commands import COMMANDS
-from common.config import AttackConfig, RunConfig
+from common.conf.settings import take
 from common.errors import ConfigError
-from common.keys import SecurityOptions
-from common.process import ProcessOptions, run_process
-from common.settings import take
+from common.net.keys import SecurityOptions
+from common.run.cli import settings_command
+from common.run.commands import COMMANDS
+from common.run.config import AttackConfig, RunConfig
+from common.run.process import ProcessOptions, run_process
 from worker.options import ClientOptions, EvalOptions
 
 COMMAND = COMMANDS["ps-worker"]

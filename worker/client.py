@@ -33,20 +33,27 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.buffers import HostBuffers
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.keys import CurveClient, KeyRing
-from common.process import check_stop
-from common.protocol import ITEM_BYTES, MAX_HEADER_BYTES, Buffer, Message, ProtocolError, Welcome
-from common.sharding import ServerSlices, ShardSet
-from common.transport import (
+from common.net.keys import CurveClient, KeyRing
+from common.net.protocol import (
+    ITEM_BYTES,
+    MAX_HEADER_BYTES,
+    Buffer,
+    Message,
+    ProtocolError,
+    Welcome,
+)
+from common.net.sharding import ServerSlices, ShardSet
+from common.net.transport import (
     CURVE_FRAME_OVERHEAD,
     connect_dealer,
     largest_message,
     receive,
     send_frames,
 )
+from common.run.buffers import HostBuffers
+from common.run.config import RunConfig
+from common.run.process import check_stop
 from worker.core import ClientCore, Connection, RetryPolicy, Send
 
 log = logging.getLogger("ps.client")
@@ -77,7 +84,7 @@ class Link:
     ``length``: the values of the server process's shards, when known: no reply is then
     larger than a PARAMS of them (``largest_message``), and no frame larger than its
     values or a header, so a larger one disconnects the peer (ZeroMQ's MAXMSGSIZE) or is
-    read and dropped (:func:`common.transport.receive`): a Byzantine server or proxy
+    read and dropped (:func:`common.net.transport.receive`): a Byzantine server or proxy
     cannot make a worker hold more."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, curve: CurveClient | None,

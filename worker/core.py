@@ -1,7 +1,7 @@
 """The behaviour of a worker's (or evaluator's) side of the protocol, without sockets.
 
 A ``ClientCore`` runs one *exchange* at a time: a request to each server process (a
-*link*: one endpoint, hosting a set of the S shards, ``common.sharding``) and one
+*link*: one endpoint, hosting a set of the S shards, ``common.net.sharding``) and one
 answer from each; a push carries the slices of every shard the process hosts, a
 PARAMS reply their parameters. ``hello(now)``, ``pull(round_, now)``, ``push(round_,
 gradient, now)`` (whose PARAMS may be asked bare: see ``NextRound.owed``, ``borrow``
@@ -56,11 +56,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from common.budgets import excerpt
-from common.buffers import HostBuffers
-from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
-from common.protocol import (
+from common.net.budgets import excerpt
+from common.net.protocol import (
     Ack,
     Buffer,
     Error,
@@ -76,8 +74,10 @@ from common.protocol import (
     encode,
     reheaded,
 )
-from common.relay_auth import hello_tag, new_nonce, push_tag
-from common.sharding import ServerSlices, ShardSet, format_shard_set, parse_servers
+from common.net.relay_auth import hello_tag, new_nonce, push_tag
+from common.net.sharding import ServerSlices, ShardSet, format_shard_set, parse_servers
+from common.run.buffers import HostBuffers
+from common.run.config import RunConfig
 
 log = logging.getLogger("ps.client")
 
@@ -124,7 +124,7 @@ class NextRound:
     from another worker's x^round (``borrow``) or pulled (``pull_owed``). Once nothing is
     owed, ``params`` is only read: the workers of a process compute from it without
     loading it again (``GradientComputer``), and it is written again only once the pool
-    (``common.buffers``) hands it out anew, which it does when nothing holds it."""
+    (``common.run.buffers``) hands it out anew, which it does when nothing holds it."""
 
     round: int
     params: np.ndarray | None
@@ -216,7 +216,7 @@ class _Link:
     # the key this worker shares with the server process end to end (None: no proxy in
     # between, or no keys), and the nonce this process drew for its sessions there: its
     # HELLO and push headers carry their tags, so the proxy on the way carries only what
-    # the worker sent (common/relay_auth.py)
+    # the worker sent (common/net/relay_auth.py)
     auth: bytes | None = None
     nonce: str = ""
     hello: list[Buffer] = field(default_factory=list)
@@ -261,7 +261,7 @@ class _Exchange:
 def server_list(cfg: RunConfig, servers: list[str] | list[tuple[ShardSet, str]],
                 ) -> list[tuple[ShardSet, str]]:
     """The server processes as (shards, endpoint): given so, or plain endpoints (the
-    contiguous blocks of ``common.sharding.server_blocks``, one shard each for S)."""
+    contiguous blocks of ``common.net.sharding.server_blocks``, one shard each for S)."""
     names = [e for e in servers if isinstance(e, str)]
     if len(names) == len(servers):
         return parse_servers(",".join(names), cfg.num_shards)

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.config import RunConfig
-from common.data import Dataset, load_dataset
-from common.keys import KeyRing
-from common.metrics import JsonlWriter
-from common.models import build_model, load_flat_parameters
-from common.process import check_stop
-from common.protocol import ErrorCode
+from common.learn.data import Dataset, load_dataset
+from common.learn.models import build_model, load_flat_parameters
+from common.net.keys import KeyRing
+from common.net.protocol import ErrorCode
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter
+from common.run.process import check_stop
 from worker.client import ClusterClient
 from worker.core import RetryPolicy, ServerRefused
 from worker.device import describe, resolve_device

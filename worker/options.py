@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.conf.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
 from common.errors import ConfigError
-from common.replay import default_replay_rounds
-from common.settings import CLUSTER, EVALUATOR, EXPERIMENT, SIMULATE, WORKER, setting
-from common.sharding import ShardSet, parse_index_set, parse_servers
+from common.net.sharding import ShardSet, parse_index_set, parse_servers
+from common.run.replay import default_replay_rounds
 
 CLIENTS = (WORKER, EVALUATOR)
 

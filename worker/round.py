@@ -29,10 +29,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from common.buffers import HostBuffers
-from common.config import RunConfig
-from common.metrics import JsonlWriter
-from common.wire import to_wire
+from common.net.wire import to_wire
+from common.run.buffers import HostBuffers
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter
 from worker.client import ClusterClient
 from worker.core import NextRound
 from worker.step import WorkerStep

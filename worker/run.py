@@ -29,14 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
 from common.errors import ConfigError
-from common.keys import KeyRing
-from common.metrics import JsonlWriter
-from common.process import check_stop, freeze_startup_objects
-from common.wire import BFLOAT16
+from common.learn.data import load_dataset
+from common.net.keys import KeyRing
+from common.net.wire import BFLOAT16
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import JsonlWriter
+from common.run.process import check_stop, freeze_startup_objects
 from worker.client import ClusterClient, exchange_all, poll_clients, reserve_links
 from worker.core import NextRound, RetryPolicy
 from worker.device import describe, resolve_device

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
 from worker.byzantine import ByzantineState, byzantine_gradient
 from worker.trainer import GradientComputer, Momentum
 

@@ -13,7 +13,7 @@ With worker momentum (``--worker-momentum``) a worker pushes its momentum vector
 The model computes on the process's device (``worker/device.py``): x^t is loaded into its
 parameters with one copy from a host vector, and the gradient, accumulated on the device
 in one flat vector, is copied out with one copy into a host vector the caller reuses
-(``common/buffers.py``); on the CPU the model's flat vectors are numpy's, allocated once.
+(``common/run/buffers.py``); on the CPU the model's flat vectors are numpy's, allocated once.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.buffers import HostBuffers
-from common.config import RunConfig
-from common.data import Dataset, minibatch_indices, run_partitions
-from common.models import build_model, share_flat_storage
-from common.seeding import derive_int_seed
+from common.learn.data import Dataset, minibatch_indices, run_partitions
+from common.learn.models import build_model, share_flat_storage
+from common.learn.seeding import derive_int_seed
+from common.run.buffers import HostBuffers
+from common.run.config import RunConfig
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
@@ -136,7 +136,7 @@ class Momentum:
     """One worker's momentum: ``m_t = beta * m_(t-1) + (1 - beta) * g_t`` with ``m_(-1) =
     0`` (ByzFL's honest client: ``m.mul_(beta).add_(g, alpha=1 - beta)``), in float32 as
     ``float32(beta) * m + float32(1 - beta) * g``; with ``beta = 0`` the gradient itself,
-    untouched (the paper's SGD). With ``buffers`` (``common.buffers.HostBuffers``) each
+    untouched (the paper's SGD). With ``buffers`` (``common.run.buffers.HostBuffers``) each
     ``m_t`` is written into one of its vectors, and ``g_t`` is scaled in place."""
 
     def __init__(self, beta: float, buffers: HostBuffers | None = None) -> None:

@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from common.attacks import VectorAttack
-from common.rules import OptionSettings, Rule
-from common.settings import setting
+from common.conf.settings import setting
+from common.learn.attacks import VectorAttack
+from common.learn.rules import OptionSettings, Rule
 
 
 class MedianOfMeans(Rule):

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import zmq
 
-from common.config import RunConfig
-from common.keys import CurveClient, KeyRing
-from common.protocol import Status, StatusReply, decode
-from common.transport import connect_dealer
+from common.net.keys import CurveClient, KeyRing
+from common.net.protocol import Status, StatusReply, decode
+from common.net.transport import connect_dealer
+from common.run.config import RunConfig
 from ps.chaos.classes import Attackers, Target, frames_of, hello_message, hostile_classes
 from ps.chaos.floods import Flood, Lane
 

@@ -16,9 +16,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.config import RunConfig
-from common.keys import CurveClient, KeyRing
-from common.protocol import (
+from common.net.keys import CurveClient, KeyRing
+from common.net.protocol import (
     PROTOCOL_VERSION,
     Hello,
     Op,
@@ -29,7 +28,8 @@ from common.protocol import (
     decode,
     encode,
 )
-from common.transport import largest_message
+from common.net.transport import largest_message
+from common.run.config import RunConfig
 
 Frames = list[bytes]
 

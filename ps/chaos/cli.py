@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from common.config import AttackConfig, RunConfig
-from common.keys import KeyRing, SecurityOptions, create_keys
+from common.net.keys import KeyRing, SecurityOptions, create_keys
+from common.run.config import AttackConfig, RunConfig
 from ps.chaos.classes import BYZANTINE_KEYS, Attackers
 from ps.chaos.cluster import attack_cluster
 from ps.chaos.cpu import cpu_summary, worst_headers

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import click
 
-from common.keys import KeyRing
-from common.metrics import read_jsonl
-from common.process import pin_torch_threads
+from common.net.keys import KeyRing
+from common.run.metrics import read_jsonl
+from common.run.process import pin_torch_threads
 from ps.chaos.attack import Attack
 from ps.chaos.classes import (
     Attackers,

@@ -21,17 +21,17 @@ import click
 import msgpack
 import zmq
 
-from common.keys import KeyRing
-from common.protocol import PROTOCOL_VERSION, Op, Pull, Status, StatusReply, Welcome
-from common.transport import connect_dealer
+from common.net.keys import KeyRing
+from common.net.protocol import PROTOCOL_VERSION, Op, Pull, Status, StatusReply, Welcome
+from common.net.transport import connect_dealer
 from ps.chaos.classes import Frames, frames_of, reply_header
 from ps.chaos.keyholders import cpu_s
 from ps.launcher.processes import die_with_parent
 
 _PROBE = """
 import json, sys
-from common.config import RunConfig
-from common.settings import SERVER, to_argv
+from common.run.config import RunConfig
+from common.conf.settings import SERVER, to_argv
 cfg = RunConfig.from_settings(**json.loads(sys.argv[1])).validate()
 print(json.dumps({"hash": cfg.config_hash, "config": cfg.to_dict(),
                   "argv": to_argv(cfg, SERVER)}, default=str))

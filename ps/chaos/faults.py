@@ -21,9 +21,9 @@ from pathlib import Path
 
 import click
 
-from common.data import load_dataset
-from common.metrics import read_jsonl
-from common.process import pin_torch_threads
+from common.learn.data import load_dataset
+from common.run.metrics import read_jsonl
+from common.run.process import pin_torch_threads
 from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
 from ps.launcher.report import ClusterResult
 from ps.reference.engine import simulate

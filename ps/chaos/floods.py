@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.config import RunConfig
-from common.keys import CurveClient, KeyRing
-from common.protocol import Ack, Error, Hello, Status, StatusReply, Welcome
-from common.transport import configure, connect_dealer
+from common.net.keys import CurveClient, KeyRing
+from common.net.protocol import Ack, Error, Hello, Status, StatusReply, Welcome
+from common.net.transport import configure, connect_dealer
+from common.run.config import RunConfig
 from ps.chaos.classes import (
     Frames,
     HostileClass,

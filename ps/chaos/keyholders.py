@@ -24,9 +24,9 @@ from pathlib import Path
 
 import zmq
 
-from common.config import RunConfig
-from common.keys import CurveClient, KeyRing
-from common.protocol import Hello, Pull, Status, StatusReply, decode, encode
+from common.net.keys import CurveClient, KeyRing
+from common.net.protocol import Hello, Pull, Status, StatusReply, decode, encode
+from common.run.config import RunConfig
 from ps.chaos.classes import Attackers, hello_message
 from ps.chaos.measure import Sampler, last_round, status_kb
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 
 SAMPLE_S = 0.02  # RSS sampling interval
 
@@ -121,9 +121,9 @@ def holds_in_log(path: Path) -> dict:
 
 
 def shard_sizes(cfg: RunConfig) -> list[int]:
-    from common.data import dataset_spec
-    from common.models import build_model, num_parameters
-    from common.sharding import shard_ranges
+    from common.learn.data import dataset_spec
+    from common.learn.models import build_model, num_parameters
+    from common.net.sharding import shard_ranges
 
     spec = dataset_spec(cfg.dataset)
     d = num_parameters(build_model(cfg.model, spec.input_shape, spec.num_classes, cfg.seed))

@@ -1,7 +1,7 @@
 """Write ``docker-compose.yml`` for a cluster of n workers and S shards on P server processes.
 
 The run is described by one env file (``docker/cluster.env``: ``PS_*`` lines). The
-generator reads it through the settings declarations (``common.settings``): a key
+generator reads it through the settings declarations (``common.conf.settings``): a key
 that is no setting, or a value out of range, is refused here, before any container
 starts, and the configuration is validated exactly as ``ps-cluster`` validates it.
 Each service then gets, as its ``environment:``, precisely the settings its role
@@ -10,7 +10,7 @@ configuration (one YAML anchor), and per role the server, proxy, worker or evalu
 settings, an attacker's attack with its parameters, and the process settings.
 
 One service per server process (``server-<first>``: the S shards spread over
-``PS_SERVER_PROCESSES`` contiguous blocks, ``common.sharding.server_blocks``, each process
+``PS_SERVER_PROCESSES`` contiguous blocks, ``common.net.sharding.server_blocks``, each process
 named by its first shard and given its block as ``PS_SHARD``, e.g. ``0-1``), per proxy
 (``proxy-<first>``, in front of the server process hosting a shard of ``--proxy-shards``)
 and per worker (``worker-<i>``, ``PS_WORKER_ID=i`` fixed in its service), plus the
@@ -24,7 +24,7 @@ lets one worker be made Byzantine on its own.
 
 What each node's container can touch (the threat: a Byzantine worker holds a valid key,
 and any container may be compromised): its own key bundle, read-only at ``/keys``
-(exactly ``common.keys.needed_keys`` of its identity), and its own directory
+(exactly ``common.net.keys.needed_keys`` of its identity), and its own directory
 ``<runs>/<service>`` at ``/runs``, where it writes its metrics and, for a server, its
 checkpoint; a read-only root file system with a tmpfs ``/tmp``; memory and pids limits
 (``ps/deploy/resources.py``) and rotated logs. No container writes a key a server
@@ -72,14 +72,7 @@ from typing import Any
 
 import click
 
-from common import plugins
-from common.attacks import ATTACKS, NO_ATTACK, attack_names
-from common.commands import DEPLOYED, command_of, setting_classes
-from common.config import AttackConfig, RunConfig
-from common.errors import ConfigError
-from common.keys import SecurityOptions
-from common.process import ProcessOptions
-from common.settings import (
+from common.conf.settings import (
     CLUSTER,
     EVALUATOR,
     LAUNCHERS,
@@ -92,7 +85,14 @@ from common.settings import (
     from_environ,
     to_environ,
 )
-from common.sharding import ShardSet, format_shard_set
+from common.errors import ConfigError
+from common.learn.attacks import ATTACKS, NO_ATTACK, attack_names
+from common.net.keys import SecurityOptions
+from common.net.sharding import ShardSet, format_shard_set
+from common.run import plugins
+from common.run.commands import DEPLOYED, command_of, setting_classes
+from common.run.config import AttackConfig, RunConfig
+from common.run.process import ProcessOptions
 from ps.deploy import resources
 from ps.deploy.yamlfile import MERGE, Anchored, Flow, Literal, Quoted, dump
 from ps.launcher.options import ClusterOptions
@@ -198,7 +198,7 @@ class Deployment:
     @property
     def proxied(self) -> tuple[int, ...]:
         """The server processes (by first shard) with a proxy in front: those hosting a
-        shard of ``proxy_shards`` (the ``proxies`` of ``common.keys.needed_keys``)."""
+        shard of ``proxy_shards`` (the ``proxies`` of ``common.net.keys.needed_keys``)."""
         targets = set(self.attack.proxy_shards)
         return tuple(block[0] for block in self.blocks if targets & set(block))
 

@@ -17,7 +17,7 @@ per vector, n workers and R = ``PS_REPLAY_ROUNDS``:
   one after the other, so this counts k - 1 shards' scratch more than a process holds
   at once: a margin); inbound buffering (the pushes of the current and the next round
   as received messages, each carrying all k shards: 2 n D); the PARAMS replies a key
-  may leave untaken, ``common.transport.REPLIES_HELD`` = 4 each for the n workers and
+  may leave untaken, ``common.net.transport.REPLIES_HELD`` = 4 each for the n workers and
   the evaluator (4 (n + 1) D: the server drops the ones beyond); and 8 vectors per shard: the
   parameters, the previous ones and a stateful rule's state (kept parameter history),
   the copy handed to the checkpoint writer and one spare (the writer hashes and
@@ -27,7 +27,7 @@ per vector, n workers and R = ``PS_REPLAY_ROUNDS``:
   server process's: the pushes of the current and the next round it holds (2 n), a
   whole round copied for the attacks that read the honest vectors (n), the PARAMS
   replies it relays, 4 a worker's connection may leave untaken (4 n: the proxy drops
-  the ones beyond, ``common.transport.ReplyLedger``) and the corruption's scratch;
+  the ones beyond, ``common.net.transport.ReplyLedger``) and the corruption's scratch;
 * ``worker``: ``BASE_TORCH`` + the dataset (every sample decoded to float32, plus its
   raw bytes while decoding) + f * d * (R + 8): the gradients kept to replay (R d), the
   flat parameters and gradients, the assembled PARAMS, the worker momentum, the pushes
@@ -55,8 +55,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from common.config import RunConfig
-from common.data import dataset_spec
+from common.learn.data import dataset_spec
+from common.run.config import RunConfig
 
 MiB = 1 << 20
 FLOAT_BYTES = 4
@@ -110,7 +110,7 @@ class Sizes:
 
     @property
     def shard_params(self) -> int:
-        """d_s: the largest shard (``common.sharding.shard_ranges`` gives the first shards
+        """d_s: the largest shard (``common.net.sharding.shard_ranges`` gives the first shards
         the extra values)."""
         return -(-self.num_params // self.num_shards)
 
@@ -130,7 +130,7 @@ class Sizes:
 def model_parameters(model: str, dataset: str) -> tuple[int, int]:
     """(d, C * H * W): the parameters of ``model`` on ``dataset``'s inputs, counted on
     torch's meta device (nothing allocated, no data read)."""
-    from common.models import count_parameters
+    from common.learn.models import count_parameters
 
     spec = dataset_spec(dataset)
     return (count_parameters(model, spec.input_shape, spec.num_classes),

@@ -14,7 +14,7 @@ from :func:`ps.deploy.compose.service_environments`, each container's limits fro
   as any); and a fixed id per service keeps a restarted worker on its partition;
 * the run's CURVE keys as Docker secrets (created beforehand, ``external``), mounted
   under ``/run/secrets/keys/`` where ``KeyRing`` reads them (``PS_KEYS``); each service
-  gets exactly the key files its process loads (``common.keys.needed_keys``): a worker
+  gets exactly the key files its process loads (``common.net.keys.needed_keys``): a worker
   its own secret key and the servers' public keys; never a key in an environment
   variable or an image;
 * each service writes only its own named volume (``runs-<service>``, at ``/runs``; local
@@ -44,8 +44,8 @@ from typing import Any
 
 import click
 
-from common.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, key_names, needed_keys
-from common.settings import SERVER, to_environ
+from common.conf.settings import SERVER, to_environ
+from common.net.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, key_names, needed_keys
 from ps.deploy import resources
 from ps.deploy.compose import (
     OUT_DIR,
@@ -92,7 +92,7 @@ RESTART_POLICY = {"condition": "on-failure", "delay": "5s", "max_attempts": 3}
 
 def service_keys(dep: Deployment) -> dict[str, list[str]]:
     """Service -> the key files it gets: exactly what its process loads
-    (:func:`common.keys.needed_keys` of the identity the service is named after): its
+    (:func:`common.net.keys.needed_keys` of the identity the service is named after): its
     own ``.key_secret``, then the public keys it checks peers against.
 
     * ``server-<first>``: the public keys of the clients it admits (every worker, the

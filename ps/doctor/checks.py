@@ -21,7 +21,7 @@ import numpy as np
 # Below this a keyed cluster's wire is what limits it (a round of the 10.6M-parameter
 # model moves about 1 GB through CURVE): warn.
 CURVE_WARN_GBPS = 0.3
-CURVE_MESSAGE_BYTES = 4 << 20  # a full chunk (common.protocol.CHUNK_BYTES)
+CURVE_MESSAGE_BYTES = 4 << 20  # a full chunk (common.net.protocol.CHUNK_BYTES)
 CURVE_QUICK_MESSAGES = 4  # what ps-cluster measures at start: 16 MiB, 20-200 ms
 
 
@@ -115,7 +115,7 @@ def kernels() -> list[Finding]:
     on a (20, 1M) matrix against the mean (the memory-bandwidth floor)."""
     import torch
 
-    from common.rules.kernels import networks
+    from common.learn.rules.kernels import networks
 
     rows = torch.from_numpy(np.random.default_rng(0).standard_normal(
         (20, 1 << 20), dtype=np.float32))
@@ -147,7 +147,7 @@ def threads() -> list[Finding]:
     """torch's threads here, and what each process of a run pins (--torch-threads)."""
     import torch
 
-    from common.process import ProcessOptions
+    from common.run.process import ProcessOptions
 
     pinned = ProcessOptions().torch_threads
     return [Finding("threads", f"{os.cpu_count()} cores; torch would use "

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import click
 
-from common.cli import CONTEXT_SETTINGS
+from common.run.cli import CONTEXT_SETTINGS
 from ps.doctor import checks
 
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from common import plugins
-from common.cli import options_for
-from common.commands import COMMANDS
 from common.errors import EXIT_CONFIG, ConfigError, ReferenceMismatch
-from common.process import ProcessOptions, run_process
-from common.rules import RuleError
+from common.learn.rules import RuleError
+from common.run import plugins
+from common.run.cli import options_for
+from common.run.commands import COMMANDS
+from common.run.process import ProcessOptions, run_process
 from ps.experiments.grid import (
     EXTRA_RULES,
     MNIST_RECIPE,
@@ -92,7 +92,7 @@ OUT_OPTION = click.option(
 
 def grid_options(function: Callable[..., None]) -> Callable[..., None]:
     """The options every built-in grid takes: the run settings it does not vary, declared
-    where every command's are (``common.commands``: --dataset, --model, --workers, --rounds,
+    where every command's are (``common.run.commands``: --dataset, --model, --workers, --rounds,
     --data-dir, --eval-every, --eval-samples), and where, how many seeds, which engine."""
     return _decorated(function, [
         OUT_OPTION,

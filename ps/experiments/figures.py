@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from common.data import dataset_shape
+from common.learn.data import dataset_shape
 from ps.experiments.grid import SCENARIOS
 from ps.plots.style import line_style, pyplot, rule_colour, save
 

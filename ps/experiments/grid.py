@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
-from common.rules import RuleError, rule_class
+from common.learn.rules import RuleError, rule_class
+from common.run.config import AttackConfig, RunConfig
 
 PAPER_RULES = ("mean", "medoid", "krum", "multikrum", "geomed", "marmed", "meamed")
 EXTRA_RULES = ("trimmed-mean", "bulyan")

@@ -3,7 +3,7 @@
 A grid file (TOML, read with ``tomllib``) gives run settings by their command-line names
 (``rule``, ``workers``, ``shards``, ``worker-momentum``, ``worker-attack``,
 ``byzantine-workers``, an attack's ``alie-z``...: every setting a launcher takes, as
-declared in ``common.config`` and the attacks) and ``seeds`` (a count, seeds 0..N-1, or
+declared in ``common.run.config`` and the attacks) and ``seeds`` (a count, seeds 0..N-1, or
 a list of seeds). A key left out keeps its setting's default.
 
 A list value is an axis, and the grid is the Cartesian product of its axes (ByzFL's
@@ -14,7 +14,7 @@ tables a list means any of its values. For an optional setting (``pre``, ``q``) 
 means unset.
 
 ``base = "run.toml"`` (a path relative to the grid file) starts the grid from a run
-file (``common.runfile``, ``--config``'s): its settings are the grid's where the grid
+file (``common.conf.runfile``, ``--config``'s): its settings are the grid's where the grid
 does not give them, each one value (a run setting holding a list, such as
 ``byzantine-workers``, one point); its keys of settings no run takes (``bind``,
 ``servers``...) are left, as every command leaves the others'.
@@ -43,14 +43,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from common import plugins
-from common.attacks import ATTACKS, NO_ATTACK
-from common.commands import COMMANDS
-from common.config import AttackConfig, RunConfig
+from common.conf.runfile import read_run_file
+from common.conf.settings import EXPERIMENT, SIMULATE, Command, Declared, check_value, declared
 from common.errors import ConfigError
-from common.rules import RuleError
-from common.runfile import read_run_file
-from common.settings import EXPERIMENT, SIMULATE, Command, Declared, check_value, declared
+from common.learn.attacks import ATTACKS, NO_ATTACK
+from common.learn.rules import RuleError
+from common.run import plugins
+from common.run.commands import COMMANDS
+from common.run.config import AttackConfig, RunConfig
 from ps.experiments.grid import Cell
 
 if sys.version_info >= (3, 11):

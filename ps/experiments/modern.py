@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from common.errors import ConfigError
-from common.rules import rule_names
-from common.rules.pre import pre_names
+from common.learn.rules import rule_names
+from common.learn.rules.pre import pre_names
 from ps.experiments.claims import TIES_RULE, ties, ties_text
 from ps.experiments.grid import Cell, GridSpec, byzantine_workers, largest_q
 

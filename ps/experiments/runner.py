@@ -23,8 +23,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from common import plugins
-from common.process import ProcessOptions, check_stop
+from common.run import plugins
+from common.run.process import ProcessOptions, check_stop
 from ps.experiments.grid import Cell
 
 CELLS_DIR = "cells"
@@ -40,8 +40,8 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
     """Train ``cell`` with the reference engine; its evaluation points and final hash."""
     import torch
 
-    from common.data import load_dataset
-    from common.model_init import initial_parameters
+    from common.learn.data import load_dataset
+    from common.run.model_init import initial_parameters
     from ps.reference.engine import simulate
     from worker.evaluator import Evaluator
 

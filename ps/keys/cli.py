@@ -1,6 +1,6 @@
 """``ps-keys``: write the CURVE key pairs of a run into a directory, and optionally one
 bundle per identity: a directory holding exactly the key files that identity's process
-loads (``common.keys.needed_keys``), what a deployment mounts into its container."""
+loads (``common.net.keys.needed_keys``), what a deployment mounts into its container."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from common.cli import CONTEXT_SETTINGS, EPILOG
 from common.errors import ConfigError
-from common.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, create_keys, needed_keys
+from common.net.keys import PUBLIC_SUFFIX, SECRET_SUFFIX, create_keys, needed_keys
+from common.run.cli import CONTEXT_SETTINGS, EPILOG
 
 SECRET_MODE = 0o400  # read by its owner only: KeyRing refuses anything wider
 PUBLIC_MODE = 0o444  # nobody writes a key in a bundle (the container mounts it read-only)

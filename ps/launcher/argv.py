@@ -1,12 +1,12 @@
 """The flags ``ps-cluster`` hands a child: the settings of the command that serves the
-child's role (``common.commands``), derived from their declarations."""
+child's role (``common.run.commands``), derived from their declarations."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from common.commands import command_of
-from common.settings import to_argv
+from common.conf.settings import to_argv
+from common.run.commands import command_of
 
 
 def child_argv(role: str, *settings: Any) -> list[str]:

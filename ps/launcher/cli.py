@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from common.cli import settings_command
-from common.commands import COMMANDS
-from common.config import AttackConfig, RunConfig
+from common.conf.settings import take
 from common.errors import ConfigError, ReferenceMismatch
-from common.keys import SecurityOptions
-from common.metrics import read_jsonl
-from common.process import ProcessOptions, pin_torch_threads, run_process
-from common.settings import take
-from common.sharding import format_shard_set
+from common.net.keys import SecurityOptions
+from common.net.sharding import format_shard_set
+from common.run.cli import settings_command
+from common.run.commands import COMMANDS
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
+from common.run.process import ProcessOptions, pin_torch_threads, run_process
 from ps.launcher.options import ClusterOptions
 from server.options import ServerOptions
 from worker.options import ClientOptions, EvalOptions
@@ -173,7 +173,7 @@ def resumed_security(saved: SecurityOptions, given: SecurityOptions,
       resume with neither (or with ``--keys <run-dir>/keys``), and the run uses
       ``<run-dir>/keys`` (``resumable_spec``). That directory is the only key directory
       a resume takes without being told: it is where this run's keys were written, and
-      it is read through :class:`common.keys.KeyRing` like any other, which refuses it
+      it is read through :class:`common.net.keys.KeyRing` like any other, which refuses it
       unless it, every key file in it and every directory above it (the run directory
       included) belong to this user (or root) and nobody else may write them: whoever
       edited ``command.json`` to make a run look as if its keys were generated cannot

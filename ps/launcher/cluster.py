@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from common.config import AttackConfig, RunConfig, write_run_config
+from common.conf.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER
 from common.errors import ClusterTimeout, ConfigError
-from common.keys import SecurityOptions, create_keys
-from common.process import ProcessOptions, check_stop
-from common.settings import CLUSTER, EVALUATOR, PROXY, SERVER, WORKER
-from common.sharding import format_shard_set
+from common.net.keys import SecurityOptions, create_keys
+from common.net.sharding import format_shard_set
+from common.run.config import AttackConfig, RunConfig, write_run_config
+from common.run.process import ProcessOptions, check_stop
 from ps.launcher.argv import child_argv
 from ps.launcher.forked import ForkedProcess, prepare
 from ps.launcher.options import ClusterOptions
@@ -164,7 +164,7 @@ class Cluster:
         worker left with less than a batch) and write their class counts,
         ``partition.json``. The dataset is the one :func:`prepare` kept (``--start
         fork``) or is loaded here."""
-        from common.data import load_dataset, write_partition
+        from common.learn.data import load_dataset, write_partition
 
         cfg = self.spec.cfg
         write_partition(self.out, cfg,
@@ -399,7 +399,7 @@ def resumable_spec(spec: ClusterSpec) -> ClusterSpec:
     A run whose keys the launcher generated (``<out-dir>/keys``) and whose command line
     names no ``--keys`` continues with those keys, not new ones (its servers resume only
     checkpoints tagged with their own key); the key directory is opened here, so that
-    :class:`common.keys.KeyRing` refuses one it cannot trust (owner, modes, the
+    :class:`common.net.keys.KeyRing` refuses one it cannot trust (owner, modes, the
     directories above it) before anything starts. Each checkpoint is checked here as its
     server will check it (``CheckpointError`` naming the file), its size too: the
     shard's, counted from the run's model."""

@@ -31,16 +31,16 @@ from importlib import import_module
 from pathlib import Path
 from typing import NoReturn
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from ps.launcher.processes import ManagedProcess, child_environment, die_with_parent
 
 # the module each role's command lives in, as ``python -m`` would run it
 ROLE_MODULES = ("server.cli", "ps.proxy.cli", "worker.cli")
 # what the roles import lazily once they run, loaded before forking so no child repeats it
 RUNTIME_MODULES = ("torch", "zmq", "server.node", "ps.proxy.node", "worker.run",
-                   "worker.evaluator", "common.rules.kernels.networks",
-                   "common.rules.kernels.gram", "common.rules.kernels.reductions",
-                   "common.rules.kernels.subsets", "common.model_init")
+                   "worker.evaluator", "common.learn.rules.kernels.networks",
+                   "common.learn.rules.kernels.gram", "common.learn.rules.kernels.reductions",
+                   "common.learn.rules.kernels.subsets", "common.run.model_init")
 POLL_S = 0.01
 PR_SET_NAME = 15
 
@@ -73,7 +73,7 @@ def prepare(cfg: RunConfig, data_dir: Path | None, torch_threads: int) -> Prepar
     _warm_defence(cfg)
     done.kernels_s = time.perf_counter() - started
     started = time.perf_counter()
-    from common.data import preload_dataset
+    from common.learn.data import preload_dataset
 
     preload_dataset(cfg.dataset, data_dir, seed=cfg.seed)
     done.dataset_s = time.perf_counter() - started
@@ -86,7 +86,7 @@ def _warm_defence(cfg: RunConfig) -> None:
     """Aggregate a small matrix with the run's defence (pre-aggregation chain and rule):
     their kernels are then compiled (or loaded from numba's cache) in the children
     already."""
-    from common.rules.defence import probe_defence
+    from common.learn.rules.defence import probe_defence
 
     probe_defence(cfg)
 

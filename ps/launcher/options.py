@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.conf.settings import CLUSTER, setting
 from common.errors import ConfigError
-from common.settings import CLUSTER, setting
-from common.sharding import ShardSet, server_blocks, shard_ranges
+from common.net.sharding import ShardSet, server_blocks, shard_ranges
 
 
 def local_cores() -> int:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import EXIT_INTERRUPTED, EXIT_PEER, ClusterTimeout, ConfigError, Interrupted
-from common.metrics import read_jsonl
+from common.run.metrics import read_jsonl
 from server.checkpoint import params_digest
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.errors import EXIT_CONFIG, EXIT_PEER, EXIT_TIMEOUT, ClusterTimeout, PSError
-from common.process import check_stop
+from common.run.process import check_stop
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from common.errors import EXIT_CODES_TEXT, ConfigError
-from common.process import ProcessOptions, run_process
+from common.run.process import ProcessOptions, run_process
 
 
 @click.command(epilog=EXIT_CODES_TEXT)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import numpy as np
 
-from common.config import RUN_CONFIG_FILE
-from common.data.sampling import PARTITION_FILE
-from common.metrics import read_jsonl
+from common.learn.data.sampling import PARTITION_FILE
+from common.run.config import RUN_CONFIG_FILE
+from common.run.metrics import read_jsonl
 from ps.plots.style import pyplot, rule_colour, save
 
 if TYPE_CHECKING:

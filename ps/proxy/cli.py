@@ -6,14 +6,14 @@ from typing import Any
 
 import click
 
-from common.cli import settings_command
-from common.commands import COMMANDS
-from common.config import AttackConfig, RunConfig
+from common.conf.settings import take
 from common.errors import ConfigError
-from common.keys import SecurityOptions
-from common.process import ProcessOptions, run_process
-from common.settings import take
-from common.sharding import parse_shard_set
+from common.net.keys import SecurityOptions
+from common.net.sharding import parse_shard_set
+from common.run.cli import settings_command
+from common.run.commands import COMMANDS
+from common.run.config import AttackConfig, RunConfig
+from common.run.process import ProcessOptions, run_process
 from ps.proxy.options import ProxyOptions
 
 COMMAND = COMMANDS["ps-proxy"]

@@ -14,7 +14,7 @@ message and return what to send on, to the server or back to a worker. The core 
 * the per-round tallies written as metrics, and when the proxy may exit (the n ACKs
   of the last round went back).
 
-The proxy checks what a worker sends exactly as the server would (``common.pushes``)
+The proxy checks what a worker sends exactly as the server would (``common.net.pushes``)
 before it corrupts or holds anything, and answers what the server would refuse
 itself: an undecodable message, a key pushing as another worker (``check_claim``), a
 worker id outside 0..n-1, a round outside the run, a payload whose length is not the
@@ -42,11 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.budgets import PeerPolicy, principal_of
-from common.config import AttackConfig, RunConfig
-from common.keys import Identity
-from common.metrics import JsonlWriter
-from common.protocol import (
+from common.net.budgets import PeerPolicy, principal_of
+from common.net.keys import Identity
+from common.net.protocol import (
     Ack,
     Error,
     Header,
@@ -59,13 +57,15 @@ from common.protocol import (
     join_envelope,
     reheaded,
 )
-from common.pushes import PushWindow, check_push
-from common.refusals import Answering, header_as
-from common.sharding import ServerSlices, format_shard_set
+from common.net.pushes import PushWindow, check_push
+from common.net.refusals import Answering, header_as
+from common.net.sharding import ServerSlices, format_shard_set
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import JsonlWriter
 from ps.proxy.corruption import ServerCorruptor
 
 if TYPE_CHECKING:
-    from common.transport import Incoming, Peer
+    from common.net.transport import Incoming, Peer
 
 log = logging.getLogger("ps.proxy")
 
@@ -164,7 +164,7 @@ class ProxyCore:
 
     def unread_reply(self, connection: Hashable) -> None:
         """A large reply to a worker's ``connection`` was dropped: its earlier ones are
-        still untaken (``common.transport.ReplyLedger``); counted, logged within budget."""
+        still untaken (``common.net.transport.ReplyLedger``); counted, logged within budget."""
         self.counters[UNREAD_REPLIES] += 1
         held = self.peers.loggable("unread", connection, time.monotonic())
         if held is not None:

@@ -5,7 +5,7 @@ The proxy's core (``ps/proxy/core.py``) and the reference engine
 (``ps/reference/engine.py``) call the same methods, and every random draw comes from a
 stream derived from (seed, attack, round, worker, shard), so the corruption does not
 depend on the order in which messages arrive. What each attack does is its own
-module's business (``common/attacks/``); here is only where it strikes:
+module's business (``common/learn/attacks/``); here is only where it strikes:
 
 * a value-level attack (gambler, bitflip; generalized model) corrupts every push to
   this shard, and with ``corrupt_params`` the PARAMS replies to workers;
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from common.attacks import Site, ValueAttack, VectorAttack
-from common.config import AttackConfig, RunConfig
-from common.sharding import ServerSlices
+from common.learn.attacks import Site, ValueAttack, VectorAttack
+from common.net.sharding import ServerSlices
+from common.run.config import AttackConfig, RunConfig
 
 
 class ShardCorruptor:

@@ -12,14 +12,11 @@ import time
 
 import zmq
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ClusterTimeout, ConfigError
-from common.keys import KeyRing
-from common.metrics import JsonlWriter
-from common.process import ProcessOptions, check_stop, freeze_startup_objects
-from common.protocol import Hello, Welcome, encode, split_envelope
-from common.sharding import format_shard_set, parse_shard_set
-from common.transport import (
+from common.net.keys import KeyRing
+from common.net.protocol import Hello, Welcome, encode, split_envelope
+from common.net.sharding import format_shard_set, parse_shard_set
+from common.net.transport import (
     LINGER_MS,
     REPLIES_HELD,
     Listener,
@@ -33,7 +30,10 @@ from common.transport import (
     shut_down,
     write_ready_file,
 )
-from common.wire import ITEM_BYTES as WIRE_ITEM_BYTES
+from common.net.wire import ITEM_BYTES as WIRE_ITEM_BYTES
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import JsonlWriter
+from common.run.process import ProcessOptions, check_stop, freeze_startup_objects
 from ps.proxy.core import ProxyCore
 from ps.proxy.options import ProxyOptions
 

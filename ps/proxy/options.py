@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.settings import PROXY, setting
+from common.conf.settings import PROXY, setting
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
-from common.cli import settings_command
-from common.commands import COMMANDS
-from common.config import AttackConfig, RunConfig, write_run_config
-from common.metrics import JsonlWriter
-from common.process import ProcessOptions, run_process
-from common.settings import take
+from common.conf.settings import take
+from common.run.cli import settings_command
+from common.run.commands import COMMANDS
+from common.run.config import AttackConfig, RunConfig, write_run_config
+from common.run.metrics import JsonlWriter
+from common.run.process import ProcessOptions, run_process
 from ps.reference.options import ReplayOptions
 from worker.options import ClientOptions, EvalOptions
 
@@ -38,7 +38,7 @@ def build_command() -> click.Command:
         def start() -> None:
             cfg = take(RunConfig, values, roles).validate()
             attack = AttackConfig.build(values, roles).validate(cfg)
-            from common.rules.defence import probe_defence
+            from common.learn.rules.defence import probe_defence
 
             probe_defence(cfg)  # a broken rule (a plugin's) refused now, in one line
             simulate_and_report(cfg, attack, take(ClientOptions, values, roles),
@@ -53,7 +53,7 @@ def build_command() -> click.Command:
 def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOptions,
                         evaluation: EvalOptions, process: ProcessOptions,
                         replay: ReplayOptions) -> None:
-    from common.data import load_dataset, write_partition
+    from common.learn.data import load_dataset, write_partition
     from ps.plots.run_figures import ENGINE_FILE, draw_finished_run
     from ps.plots.tensorboard import run_events
     from ps.reference.engine import simulate

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
-from common.data import Dataset, load_dataset
 from common.errors import ConfigError
-from common.model_init import initial_parameters
-from common.process import check_stop
-from common.sharding import shard_ranges
-from common.wire import FLOAT32, round_to_wire
+from common.learn.data import Dataset, load_dataset
+from common.net.sharding import shard_ranges
+from common.net.wire import FLOAT32, round_to_wire
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
+from common.run.model_init import initial_parameters
+from common.run.process import check_stop
 from ps.proxy.corruption import ShardCorruptor
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest

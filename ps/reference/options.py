@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.settings import SIMULATE, setting
+from common.conf.settings import SIMULATE, setting
 
 
 @dataclass(frozen=True)

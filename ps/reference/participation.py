@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.metrics import read_jsonl
+from common.run.metrics import read_jsonl
 
 
 @dataclass

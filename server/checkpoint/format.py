@@ -27,7 +27,7 @@ import numpy as np
 from common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.run.config import RunConfig
 
 MAGIC = b"byzps-checkpoint"
 VERSION = b"2"

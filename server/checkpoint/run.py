@@ -1,6 +1,6 @@
 """A run's checkpoints as its readers find them: the launcher resuming a run, and the
 final parameters of a finished one. Each reader knows the shard's exact size, counted
-from the run's configuration (``common.models.count_parameters``: nothing built), so
+from the run's configuration (``common.learn.models.count_parameters``: nothing built), so
 none reads more than the largest legal checkpoint of its shard.
 """
 
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.sharding import server_blocks, shard_ranges
+from common.net.sharding import server_blocks, shard_ranges
 from server.checkpoint.format import Checkpoint, Expected
 from server.checkpoint.reader import load_checkpoint
 from server.checkpoint.seal import server_mac_key
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
-    from common.keys import KeyRing
+    from common.net.keys import KeyRing
+    from common.run.config import RunConfig
 
 
 def checkpoint_path(out_dir: Path, shard: int) -> Path:
@@ -30,8 +30,8 @@ def checkpoint_path(out_dir: Path, shard: int) -> Path:
 
 def model_size(cfg: RunConfig) -> int:
     """d: the number of parameters of ``cfg``'s model (the length of x^0)."""
-    from common.data import dataset_shape
-    from common.models import count_parameters
+    from common.learn.data import dataset_shape
+    from common.learn.models import count_parameters
 
     return count_parameters(cfg.model, *dataset_shape(cfg.dataset))
 

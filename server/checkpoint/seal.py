@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from common.keys import KeyRing
+    from common.net.keys import KeyRing
 
 MAC_LABEL = b"byzps/checkpoint-mac/v1/server-"
 

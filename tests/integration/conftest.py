@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from common.protocol import Header, decode
+from common.net.protocol import Header, decode
 from ps.launcher.cluster import CHILD_ENV
 from ps.launcher.processes import ManagedProcess, stop_all
 
@@ -58,7 +58,7 @@ class Processes:
 def keys_in(directory: Path) -> Callable[..., list[str]]:
     """``make(S, n, proxies=())``: a run's keys in ``directory``, created once; the --keys
     flags."""
-    from common.keys import create_keys
+    from common.net.keys import create_keys
 
     def make(num_shards: int, num_workers: int, proxies: tuple[int, ...] = ()) -> list[str]:
         if not directory.exists():
@@ -126,7 +126,7 @@ class RawPeer:
                 quiet_s: float = 1.0) -> list[Header]:
         """Send ``messages``, at most ``window`` unanswered at a time (what piles up in
         the node's queues stays small), and return the replies that came. A node answers
-        a peer's refusals beyond its rate not at all (``common/budgets.py``): once
+        a peer's refusals beyond its rate not at all (``common/net/budgets.py``): once
         ``quiet_s`` passes without a reply, what is outstanding counts as unanswered
         (``self.unanswered``)."""
         out: list[Header] = []

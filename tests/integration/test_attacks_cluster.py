@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.metrics import read_jsonl
+from common.learn.data import load_dataset
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import RunConfig
+from common.conf.settings import SERVER, to_argv
 from common.errors import EXIT_CONFIG, EXIT_INTERRUPTED
-from common.keys import KeyRing
-from common.settings import SERVER, to_argv
+from common.net.keys import KeyRing
+from common.run.config import RunConfig
 from ps.launcher.supervise import restartable
 from server.checkpoint import (
     Checkpoint,

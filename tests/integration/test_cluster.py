@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import common.data
-from common.config import AttackConfig, RunConfig
+import common.learn.data
 from common.errors import ConfigError
-from common.metrics import read_jsonl
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.supervise import ProcessFailed
@@ -149,8 +149,8 @@ def test_a_failing_process_stops_the_cluster_and_is_named(tmp_path: Path,
     # partition before starting them), but its children, started as fresh interpreters,
     # have none; every worker fails with a configuration error (exit 2), and the first
     # one is named
-    monkeypatch.setitem(common.data._preloaded, ("mnist", None, 3),
-                        common.data.load_dataset("synthetic", seed=3))
+    monkeypatch.setitem(common.learn.data._preloaded, ("mnist", None, 3),
+                        common.learn.data.load_dataset("synthetic", seed=3))
     with pytest.raises(ProcessFailed) as info:
         _run(tmp_path, dataset="mnist", start="exec")
     assert info.value.exit_code == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import AttackConfig, RunConfig
+from common.run.config import AttackConfig, RunConfig
 from ps.reference.engine import simulate
 from worker.device import resolve_device
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.keys import KeyRing
-from common.metrics import read_jsonl
-from common.settings import SERVER, to_argv
+from common.conf.settings import SERVER, to_argv
+from common.learn.data import load_dataset
+from common.net.keys import KeyRing
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.processes import ManagedProcess
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import RunConfig
+from common.conf.settings import SERVER, to_argv
 from common.errors import EXIT_CONFIG, EXIT_TIMEOUT
-from common.metrics import read_jsonl
-from common.protocol import (
+from common.net.protocol import (
     PROTOCOL_VERSION,
     Error,
     ErrorCode,
@@ -26,7 +25,8 @@ from common.protocol import (
     Welcome,
     encode,
 )
-from common.settings import SERVER, to_argv
+from common.run.config import RunConfig
+from common.run.metrics import read_jsonl
 from tests.integration.conftest import RawPeer, wait_for
 
 pytestmark = pytest.mark.integration

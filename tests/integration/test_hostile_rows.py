@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import AttackConfig, RunConfig
-from common.protocol import (
+from common.conf.settings import PROXY, SERVER, WORKER, to_argv
+from common.net.protocol import (
     CHUNK_BYTES,
     PROTOCOL_VERSION,
     Error,
@@ -33,8 +33,8 @@ from common.protocol import (
     decode,
     encode,
 )
-from common.settings import PROXY, SERVER, WORKER, to_argv
-from common.transport import MAX_ROUTING_ID_BYTES
+from common.net.transport import MAX_ROUTING_ID_BYTES
+from common.run.config import AttackConfig, RunConfig
 from ps.launcher.processes import ManagedProcess
 from server.checkpoint import checkpoint_path, read_run_checkpoint
 from server.core import MAX_PARKED_PER_PEER
@@ -302,7 +302,7 @@ def send_huge_push(peer: RawPeer, frame: bytes, count: int) -> None:
 def test_a_500_mb_push_is_cut_while_in_flight_and_never_held(processes, peers,
                                                              tmp_path) -> None:
     """libzmq hands a multipart message over only once all of it is in; the in-flight
-    guard (``common/inflight.py``) cuts the connection once it holds more than a few
+    guard (``common/net/inflight.py``) cuts the connection once it holds more than a few
     legal messages' worth, so the node never holds the 500 MB (it once held all of it
     until it could refuse it)."""
     server_proc, server = start_server(processes, tmp_path)

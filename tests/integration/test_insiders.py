@@ -14,12 +14,12 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.config import AttackConfig, RunConfig
-from common.keys import KeyRing, create_keys
-from common.metrics import read_jsonl
-from common.protocol import Error, Hello, Pull, Push, Status, Welcome, decode, encode
-from common.settings import SERVER, to_argv
-from common.transport import connect_dealer
+from common.conf.settings import SERVER, to_argv
+from common.net.keys import KeyRing, create_keys
+from common.net.protocol import Error, Hello, Pull, Push, Status, Welcome, decode, encode
+from common.net.transport import connect_dealer
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
 from server.checkpoint import final_parameters, params_digest
@@ -363,7 +363,7 @@ def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tm
     """The same at a proxy (a node too): worker-0's key, 3 connections to the proxy that
     PULL every round through it and never read; the proxy drops the large replies beyond
     its budget and counts them."""
-    from common.relay_auth import hello_tag, new_nonce
+    from common.net.relay_auth import hello_tag, new_nonce
 
     cfg = RunConfig(dataset="synthetic", model="cnn", num_workers=4, num_shards=1, q=1,
                     rounds=16, seed=2).validate()

@@ -12,10 +12,10 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.inflight import _bytes_read
-from common.keys import Identity, KeyRing, create_keys
-from common.protocol import ErrorCode, Hello, Status, decode, encode
-from common.transport import Listener, bind_router, connect_dealer, receive
+from common.net.inflight import _bytes_read
+from common.net.keys import Identity, KeyRing, create_keys
+from common.net.protocol import ErrorCode, Hello, Status, decode, encode
+from common.net.transport import Listener, bind_router, connect_dealer, receive
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ STATUS = [b"", *encode(Status())]
 
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
-    from common.transport import shut_down
+    from common.net.transport import shut_down
 
     context = zmq.Context()
     yield context
@@ -168,7 +168,7 @@ def test_a_message_left_from_a_closed_connection_does_not_name_the_next_one() ->
     received that many bytes cannot have sent it: it is not attributed to its key."""
     import socket
 
-    from common.inflight import InflightGuard
+    from common.net.inflight import InflightGuard
 
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
@@ -216,7 +216,7 @@ def test_a_message_of_a_hundred_thousand_empty_frames_is_too_large_and_barred(
 
 
 def test_without_a_zap_handler_no_key_gets_a_connection(ctx, ring) -> None:
-    from common import transport
+    from common.net import transport
 
     sock, endpoint = bind_router(ctx, "tcp://127.0.0.1:*", ring.server_curve(0, 2))
     try:
@@ -290,7 +290,7 @@ def test_bare_connections_are_bounded_per_source_and_in_all(ctx, ring, monkeypat
     """Issue 35: connections that never start a handshake (no key is known, so no key's
     budget applies): a source holding MAX_BARE_PER_SOURCE has its next ones cut at once;
     beyond MAX_BARE in all the oldest go; and a keyed client still gets in."""
-    import common.inflight as inflight
+    import common.net.inflight as inflight
 
     monkeypatch.setattr(inflight, "MAX_BARE_PER_SOURCE", 5)
     monkeypatch.setattr(inflight, "MAX_BARE", 8)

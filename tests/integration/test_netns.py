@@ -62,12 +62,12 @@ import pytest
 import torch
 import zmq
 
-from common.config import AttackConfig, RunConfig
-from common.keys import KeyRing, SecurityOptions
-from common.metrics import read_jsonl
-from common.protocol import Status, StatusReply, decode, encode
-from common.settings import SERVER, to_argv
-from common.transport import connect_dealer
+from common.conf.settings import SERVER, to_argv
+from common.net.keys import KeyRing, SecurityOptions
+from common.net.protocol import Status, StatusReply, decode, encode
+from common.net.transport import connect_dealer
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.cluster import CHILD_ENV, Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.processes import ManagedProcess, stop_all
@@ -484,7 +484,7 @@ def test_a_worker_waits_for_a_server_that_is_not_up_yet_behind_a_relay(
 
 def _status(sock: zmq.Socket) -> StatusReply:
     """Ask a server for its state on ``sock`` (one connection for all the polls: a key
-    may start 20 handshakes per 10 s, common/admission.py)."""
+    may start 20 handshakes per 10 s, common/net/admission.py)."""
     sock.send_multipart([b"", *encode(Status())])
     assert sock.poll(10_000), "no STATUS reply"
     return decode(sock.recv_multipart()[1:]).header

@@ -80,13 +80,13 @@ def test_a_node_without_the_plugin_refuses_to_start_with_one_line(home: Path) ->
 
 
 @pytest.mark.parametrize(("body", "needle"), [
-    ("class Rule:\n    summary = 'not one'\n", "is not a subclass of common.rules.base.Rule"),
-    ("from common.rules import Rule as R\nclass Rule(R):\n    name = 'bad'\n"
+    ("class Rule:\n    summary = 'not one'\n", "is not a subclass of common.learn.rules.base.Rule"),
+    ("from common.learn.rules import Rule as R\nclass Rule(R):\n    name = 'bad'\n"
      "    summary = 'returns a row per input'\n"
      "    def aggregate(self, G):\n        return G\n",
      "fails on a test matrix of 5 rows: RuleError: rule bad returned (5, 64)"),
     ("raise RuntimeError('broken at import')\n", "RuntimeError: broken at import"),
-    ("from common.rules import Rule as R\nclass Rule(R):\n    name = 'bad'\n"
+    ("from common.learn.rules import Rule as R\nclass Rule(R):\n    name = 'bad'\n"
      "    summary = 'cannot be built'\n"
      "    def __init__(self, n, q, **options):\n        raise ValueError('no way')\n",
      "fails on a test matrix of 5 rows: ValueError: no way"),
@@ -100,8 +100,8 @@ def test_a_broken_plugin_is_refused_at_start(home: Path, body: str, needle: str)
 
 
 def test_the_run_hash_covers_the_plugins_code(home: Path) -> None:
-    code = ("from common import plugins; plugins.load('rules', 'my_defences:MedianOfMeans');"
-            "from common.config import RunConfig;"
+    code = ("from common.run import plugins; plugins.load('rules', 'my_defences:MedianOfMeans');"
+            "from common.run.config import RunConfig;"
             "print(RunConfig(dataset='synthetic', rule='my_defences:MedianOfMeans', q=1)"
             ".validate().config_hash)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

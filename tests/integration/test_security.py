@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import AttackConfig, RunConfig
+from common.conf.settings import SERVER, to_argv
 from common.errors import EXIT_CONFIG, EXIT_PEER
-from common.keys import CurveClient, KeyRing, create_keys
-from common.protocol import Error, ErrorCode, Header, Hello, Push, Welcome, decode, encode
-from common.settings import SERVER, to_argv
-from common.transport import CURVE_IO_THREADS, bind_router, connect_dealer
+from common.net.keys import CurveClient, KeyRing, create_keys
+from common.net.protocol import Error, ErrorCode, Header, Hello, Push, Welcome, decode, encode
+from common.net.transport import CURVE_IO_THREADS, bind_router, connect_dealer
+from common.run.config import AttackConfig, RunConfig
 
 pytestmark = pytest.mark.integration
 

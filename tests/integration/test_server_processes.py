@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import AttackConfig, RunConfig
-from common.keys import KeyRing
-from common.metrics import read_jsonl
-from common.settings import SERVER, to_argv
+from common.conf.settings import SERVER, to_argv
+from common.net.keys import KeyRing
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import read_jsonl
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate

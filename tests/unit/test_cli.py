@@ -184,7 +184,7 @@ def test_verify_knows_which_workers_momentum_the_engine_cannot_reproduce(tmp_pat
 ], ids=["insecure", "keys", "generated", "generated-named", "generated-saved-named"])
 def test_a_resumed_run_takes_its_security_settings_from_its_own_command_line(
         tmp_path, saved, given, expected) -> None:
-    from common.keys import SecurityOptions
+    from common.net.keys import SecurityOptions
     from ps.launcher.cli import resumed_security
 
     def options(values: dict) -> SecurityOptions:
@@ -235,7 +235,7 @@ def test_a_resume_uses_the_keys_its_command_line_names_or_the_runs_own(
     """With --keys restated, that directory; started with generated keys and resumed with
     neither flag, <run-dir>/keys, refused (before anything starts) unless the key ring
     trusts it."""
-    from common.keys import create_keys
+    from common.net.keys import create_keys
 
     create_keys(tmp_path / "k", 1, 3)
     run = _saved_run(tmp_path / "run", "--keys", str(tmp_path / "k"))
@@ -261,8 +261,8 @@ def test_a_resume_uses_the_keys_its_command_line_names_or_the_runs_own(
 def test_a_run_records_its_keys_so_that_a_resume_can_restate_them(tmp_path) -> None:
     """command.json: --keys made absolute (a resume may run from elsewhere), nothing for
     the run's own <out-dir>/keys (the default)."""
-    from common.config import AttackConfig, RunConfig
-    from common.keys import SecurityOptions
+    from common.net.keys import SecurityOptions
+    from common.run.config import AttackConfig, RunConfig
     from ps.launcher.cluster import Cluster, ClusterSpec
 
     cfg = RunConfig(dataset="synthetic", num_workers=3, num_shards=1, rounds=2).validate()
@@ -350,8 +350,8 @@ def test_a_reference_mismatch_has_its_own_documented_exit_code(tmp_path, monkeyp
     import common.errors as errors
     import ps.reference.engine
     import ps.reference.participation
-    from common.config import AttackConfig, RunConfig
-    from common.process import ProcessOptions, run_process
+    from common.run.config import AttackConfig, RunConfig
+    from common.run.process import ProcessOptions, run_process
     from ps.launcher.cli import verify
 
     others = {errors.EXIT_OK, errors.EXIT_INTERNAL, errors.EXIT_CONFIG, errors.EXIT_PEER,

@@ -2,7 +2,7 @@
 
 No module reads ``sys.argv``, the environment or the installed entry points when it is
 imported; plugins are loaded by one explicit call when a command starts
-(``common.plugins.load_plugins``); and the registries and ``RunConfig`` give the same
+(``common.run.plugins.load_plugins``); and the registries and ``RunConfig`` give the same
 answer whatever order their modules are imported in. Each case runs in a fresh
 interpreter, since this one has imported everything already.
 """
@@ -25,14 +25,14 @@ PLUGIN_RULE = "my_defences:MedianOfMeans"
 # its settings' flags, and the plugins loaded.
 REPORT = """
 import dataclasses, json, sys
-from common import plugins
-from common.attacks import ATTACKS
-from common.config import RunConfig
-from common.data import DATASETS
-from common.models import MODELS
-from common.rules import RULES
-from common.rules.pre import PRE_AGGREGATORS
-from common.settings import declared
+from common.run import plugins
+from common.learn.attacks import ATTACKS
+from common.run.config import RunConfig
+from common.learn.data import DATASETS
+from common.learn.models import MODELS
+from common.learn.rules import RULES
+from common.learn.rules.pre import PRE_AGGREGATORS
+from common.conf.settings import declared
 print(json.dumps({
     "registries": [list(r) for r in (RULES, PRE_AGGREGATORS, ATTACKS, MODELS, DATASETS)],
     "fields": [f.name for f in dataclasses.fields(RunConfig)],
@@ -44,8 +44,8 @@ print(json.dumps({
 # A user's module that registers a rule with an option when it is imported.
 SELF_REGISTERING = '''
 from dataclasses import dataclass
-from common.rules import OptionSettings, Rule, register_rule
-from common.settings import setting
+from common.learn.rules import OptionSettings, Rule, register_rule
+from common.conf.settings import setting
 
 @register_rule
 class Halved(Rule):
@@ -81,7 +81,7 @@ def test_importing_every_module_reads_no_argv_environment_or_entry_point(tmp_pat
     and in the environment, and entry points that fail when read: nothing is loaded."""
     code = (
         "import importlib, pkgutil, sys\n"
-        "from common import plugins\n"
+        "from common.run import plugins\n"
         "def refuse(*a, **k):\n    raise AssertionError('a plugin loaded at import')\n"
         "plugins._installed_entry_points = plugins.load = plugins.load_named = refuse\n"
         "for package in ('common', 'server', 'worker', 'ps'):\n"
@@ -98,8 +98,9 @@ def test_importing_every_module_reads_no_argv_environment_or_entry_point(tmp_pat
 
 @pytest.mark.parametrize("first", [
     [],
-    ["common.cli"],
-    ["common.data", "common.models", "common.attacks", "common.rules.pre", "common.rules"],
+    ["common.run.cli"],
+    ["common.learn.data", "common.learn.models", "common.learn.attacks",
+     "common.learn.rules.pre", "common.learn.rules"],
     ["server.cli", "worker.cli"],
     ["ps.launcher.cli", "ps.experiments.cli"],
     ["halving"],  # a user's module registering a rule with an option, first of all

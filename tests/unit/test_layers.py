@@ -48,7 +48,7 @@ def loaded_packages(module: str) -> set[str]:
     ("ps.proxy.cli", {"server", "worker", "ps.launcher", "ps.reference"}),
 ])
 def test_a_command_loads_no_other_commands_settings(module: str, absent: set[str]) -> None:
-    """The one table of commands (``common.commands``) names the settings classes of
+    """The one table of commands (``common.run.commands``) names the settings classes of
     the layers above by path: a role's command imports its own and no other's."""
     loaded = loaded_packages(module)
     assert not loaded & absent, f"import {module} loaded {sorted(loaded & absent)}"

@@ -17,13 +17,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.attacks import ATTACKS, VectorAttack, register_attack
-from common.commands import COMMANDS, command_of
-from common.config import AttackConfig, RunConfig
-from common.keys import SecurityOptions
-from common.rules import RULES, Rule, register_rule
-from common.runfile import RUN_FILE_FLAGS
-from common.settings import (
+from common.conf.runfile import RUN_FILE_FLAGS
+from common.conf.settings import (
     ALL_ROLES,
     EVALUATOR,
     PROXY,
@@ -37,6 +32,11 @@ from common.settings import (
     to_argv,
     to_environ,
 )
+from common.learn.attacks import ATTACKS, VectorAttack, register_attack
+from common.learn.rules import RULES, Rule, register_rule
+from common.net.keys import SecurityOptions
+from common.run.commands import COMMANDS, command_of
+from common.run.config import AttackConfig, RunConfig
 from ps.deploy.compose import _environment as compose_environment
 from ps.deploy.compose import deployment, service_environments
 from ps.experiments.gridfile import INVOCATION

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.admission import Admission
-from common.budgets import LogThrottle, RateLimit, excerpt, principal_name
-from common.keys import Identity
+from common.net.admission import Admission
+from common.net.budgets import LogThrottle, RateLimit, excerpt, principal_name
+from common.net.keys import Identity
 
 W1, W2 = Identity("worker", 1), Identity("worker", 2)
 CLIENTS = {b"key-1": W1, b"key-2": W2}
@@ -98,7 +98,7 @@ def test_an_excerpt_of_a_peers_text_is_short_and_says_how_long_it_was() -> None:
 def test_the_bounds_before_a_handshake_leave_room_for_a_local_clusters_workers() -> None:
     """All of a local cluster's n workers connect from one address at once, and each may
     reconnect while its old connection lingers."""
-    from common.inflight import MAX_BARE, MAX_BARE_PER_SOURCE, bare_bounds
+    from common.net.inflight import MAX_BARE, MAX_BARE_PER_SOURCE, bare_bounds
 
     assert bare_bounds(0) == (MAX_BARE_PER_SOURCE, MAX_BARE)
     per_source, in_all = bare_bounds(100)

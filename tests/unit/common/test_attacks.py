@@ -1,4 +1,4 @@
-"""Unit tests of common/attacks/: exact corruption semantics, determinism, input checks,
+"""Unit tests of common/learn/attacks/: exact corruption semantics, determinism, input checks,
 the registry and the attack classes."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from common.attacks import ATTACKS, Site, attack_class, attack_names
-from common.attacks.alie import alie
-from common.attacks.bitflip import (
+from common.errors import ConfigError
+from common.learn.attacks import ATTACKS, Site, attack_class, attack_names
+from common.learn.attacks.alie import alie
+from common.learn.attacks.bitflip import (
     BITFLIP_CODE_BITS,
     BITFLIP_CODE_COORDS,
     BITFLIP_PAPER_BITS,
@@ -19,13 +20,12 @@ from common.attacks.bitflip import (
     bitflip_victims,
     flip_bits,
 )
-from common.attacks.gambler import gambler
-from common.attacks.gaussian import gaussian
-from common.attacks.ipm import ipm
-from common.attacks.omniscient import omniscient
-from common.attacks.signflip import signflip
-from common.errors import ConfigError
-from common.seeding import derive_rng
+from common.learn.attacks.gambler import gambler
+from common.learn.attacks.gaussian import gaussian
+from common.learn.attacks.ipm import ipm
+from common.learn.attacks.omniscient import omniscient
+from common.learn.attacks.signflip import signflip
+from common.learn.seeding import derive_rng
 
 VECTOR_ATTACKS = {"gaussian": gaussian, "omniscient": omniscient, "signflip": signflip,
                   "alie": alie, "ipm": ipm}
@@ -379,15 +379,15 @@ def test_attack_parameters_are_checked_with_their_flag(name: str, params: dict,
 
 
 def test_the_package_docstring_names_every_attack_where_it_runs() -> None:
-    """``common.attacks``' docstring lists each registered attack once, among those a
+    """``common.learn.attacks``' docstring lists each registered attack once, among those a
     proxy runs or among those only workers run, as its ``sites`` say."""
     import re
 
-    import common.attacks
-    from common.attacks import ATTACKS
-    from common.settings import PROXY
+    import common.learn.attacks
+    from common.conf.settings import PROXY
+    from common.learn.attacks import ATTACKS
 
-    text = " ".join(common.attacks.__doc__.split())
+    text = " ".join(common.learn.attacks.__doc__.split())
     workers_only = text[text.index("by Byzantine workers only"):]
     for name, cls in ATTACKS.items():
         assert len(re.findall(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)) == 1, name

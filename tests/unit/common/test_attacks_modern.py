@@ -15,24 +15,24 @@ import numpy as np
 import pytest
 import torch
 
-import common.attacks.minmax as minmax_module
-from common.attacks import attack_names
-from common.attacks.alie import alie
-from common.attacks.alie_opt import AlieOpt, alie_opt
-from common.attacks.base import Aim, line_maximize
-from common.attacks.inf import Inf, inf
-from common.attacks.ipm import ipm
-from common.attacks.ipm_opt import IpmOpt, ipm_opt
-from common.attacks.labelflip import LabelFlip, flip_labels
-from common.attacks.mimic import Mimic, mimic
-from common.attacks.minmax import largest_gamma, minmax, perturbation
-from common.attacks.minsum import minsum
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
+import common.learn.attacks.minmax as minmax_module
+from common.conf.settings import PROXY, WORKER
 from common.errors import ConfigError
-from common.model_init import initial_parameters
-from common.settings import PROXY, WORKER
-from common.sharding import shard_ranges
+from common.learn.attacks import attack_names
+from common.learn.attacks.alie import alie
+from common.learn.attacks.alie_opt import AlieOpt, alie_opt
+from common.learn.attacks.base import Aim, line_maximize
+from common.learn.attacks.inf import Inf, inf
+from common.learn.attacks.ipm import ipm
+from common.learn.attacks.ipm_opt import IpmOpt, ipm_opt
+from common.learn.attacks.labelflip import LabelFlip, flip_labels
+from common.learn.attacks.mimic import Mimic, mimic
+from common.learn.attacks.minmax import largest_gamma, minmax, perturbation
+from common.learn.attacks.minsum import minsum
+from common.learn.data import load_dataset
+from common.net.sharding import shard_ranges
+from common.run.config import AttackConfig, RunConfig
+from common.run.model_init import initial_parameters
 from ps.reference import engine
 from ps.reference.engine import simulate
 from server.group import ShardGroup

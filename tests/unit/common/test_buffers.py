@@ -1,4 +1,4 @@
-"""Host vectors reused round after round (``common/buffers.py``), and the rounds of a
+"""Host vectors reused round after round (``common/run/buffers.py``), and the rounds of a
 worker and of a shard that, once warm, allocate no vector of the model's size (numpy's
 allocations, which ``tracemalloc`` sees)."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.model_init import initial_parameters
-from common.protocol import Params, Welcome, decode, encode
+from common.learn.data import load_dataset
+from common.net.protocol import Params, Welcome, decode, encode
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
+from common.run.model_init import initial_parameters
 from server.group import ShardGroup
 from worker.core import ClientCore, NextRound, RetryPolicy
 from worker.step import WorkerStep
@@ -64,7 +64,7 @@ def test_views_of_a_tensor_s_vector_hold_the_vector(dtype) -> None:
     """The pinned vectors (CUDA) are a tensor's memory: a view of one must reference the
     vector itself, as a zero-copy frame of a pushed slice does, or the pool would hand
     it out while it is being sent (here on unpinned memory, the same layout)."""
-    from common.buffers import _references, tensor_vector
+    from common.run.buffers import _references, tensor_vector
 
     _, vector = tensor_vector(100, np.dtype(dtype), pinned=False)
     held = [vector]

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
-from common.rules import rule_class
+from common.learn.rules import rule_class
+from common.run.config import AttackConfig, RunConfig
 
 
 def test_defaults_are_the_papers_setting() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of common/data/: IDX and CIFAR loaders, synthetic data, partitions, batches."""
+"""Unit tests of common/learn/data/: IDX and CIFAR loaders, synthetic data, partitions, batches."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import RunConfig
-from common.data import (
+from common.errors import ConfigError
+from common.learn.data import (
     PARTITION_FILE,
     DatasetError,
     class_counts,
@@ -26,11 +26,11 @@ from common.data import (
     run_partitions,
     write_partition,
 )
-from common.data.idx import DEBIAN_FASHION_MNIST_DIR
-from common.data.sampling import dirichlet_partition, extreme_partition, gamma_partition
-from common.data.synthetic import synthetic
-from common.errors import ConfigError
-from common.models import build_model
+from common.learn.data.idx import DEBIAN_FASHION_MNIST_DIR
+from common.learn.data.sampling import dirichlet_partition, extreme_partition, gamma_partition
+from common.learn.data.synthetic import synthetic
+from common.learn.models import build_model
+from common.run.config import RunConfig
 
 IDX_NAMES = {
     "train_images": "train-images-idx3-ubyte",
@@ -463,7 +463,7 @@ def test_dirichlet_partition_follows_the_seed_and_alpha() -> None:
 def test_dirichlet_splits_each_class_at_its_drawn_proportions() -> None:
     """Worker j holds floor(c_j * count) - floor(c_(j-1) * count) samples of a class, c
     the cumulative proportions drawn for that class (ByzFL's cut points)."""
-    from common.seeding import derive_rng
+    from common.learn.seeding import derive_rng
 
     parts = dirichlet_partition(LABELS, 6, 0.5, seed=2, num_classes=10)
     shares = derive_rng(2, "partition-dirichlet").dirichlet(np.full(6, 0.5), size=10)

@@ -11,22 +11,22 @@ import numpy as np
 import pytest
 import torch
 
-from common.attacks import ATTACKS, NO_ATTACK
-from common.config import RunConfig
-from common.data import DATASETS
+from common.conf.registry import Registry
+from common.conf.settings import ROLES, declared, setting
 from common.errors import ConfigError
-from common.models import MODELS, ModelSpec
-from common.registry import Registry
-from common.rules import RULES, OptionSettings, Rule, RuleError, make_rule, register_rule
-from common.rules.base import option_settings
-from common.rules.defence import (
+from common.learn.attacks import ATTACKS, NO_ATTACK
+from common.learn.data import DATASETS
+from common.learn.models import MODELS, ModelSpec
+from common.learn.rules import RULES, OptionSettings, Rule, RuleError, make_rule, register_rule
+from common.learn.rules.base import option_settings
+from common.learn.rules.defence import (
     Defence,
     options_of,
     plugin_option_settings,
     with_option_settings,
 )
-from common.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows
-from common.settings import ROLES, declared, setting
+from common.learn.rules.pre import PRE_AGGREGATORS, Chain, RoundContext, chain_rows
+from common.run.config import RunConfig
 
 RNG = np.random.default_rng(0)
 
@@ -228,7 +228,7 @@ def test_the_paper_s_coordinate_wise_rules_are_aggregated_across_shards_in_one_c
 
 
 def test_a_rule_that_claims_to_be_coordinate_wise_and_is_not_is_refused_at_start() -> None:
-    from common.rules.defence import probe_defence
+    from common.learn.rules.defence import probe_defence
 
     class Centred(Rule):  # subtracts the mean of all coordinates: not per column
         name = "centred-median"

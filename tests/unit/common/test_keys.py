@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from common.keys import (
+from common.net.keys import (
     PUBLIC_SUFFIX,
     SECRET_SUFFIX,
     Identity,

@@ -1,4 +1,4 @@
-"""Unit tests of common/models.py: architectures, deterministic init, flat-vector helpers."""
+"""Unit tests of common/learn/models.py: architectures, deterministic init, flat-vector helpers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from common.models import (
+from common.learn.models import (
     MODELS,
     build_model,
     flatten_gradients,
@@ -218,7 +218,7 @@ def test_resnet18_is_the_cifar_form_with_group_norm_and_keeps_no_buffer() -> Non
 
 
 def test_resnet18_counts_on_the_meta_device_as_built() -> None:
-    from common.models import count_parameters
+    from common.learn.models import count_parameters
 
     for shape in (CIFAR_SHAPE, MNIST_SHAPE):
         assert count_parameters("resnet18", shape, 10) == num_parameters(

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from common import plugins
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.rules import RULES, Rule
+from common.learn.rules import RULES, Rule
+from common.run import plugins
+from common.run.config import RunConfig
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 
@@ -69,7 +69,7 @@ def test_a_dotted_path_is_refused_with_one_line_naming_what_is_wrong(monkeypatch
     monkeypatch.syspath_prepend(str(EXAMPLES))
     with pytest.raises(ConfigError, match="my_defences has no 'Nothing'"):
         plugins.load("rules", "my_defences:Nothing")
-    with pytest.raises(ConfigError, match=r"is not a subclass of common\.rules\.base\.Rule"):
+    with pytest.raises(ConfigError, match=r"is not a subclass of common\.learn\.rules\.base\.Rule"):
         plugins.load("rules", "my_defences:ScaledMean")  # an attack, not a rule
     with pytest.raises(ConfigError, match="not a rule, pre-aggregator, attack"):
         plugins.load_any("my_defences:scaled_mean")  # a function
@@ -87,7 +87,7 @@ def test_ps_list_shows_a_plugin_with_its_options(monkeypatch) -> None:
         bad = CliRunner().invoke(main, ["--plugin", "my_defences:nothing"])
         assert bad.exit_code == 2 and "has no 'nothing'" in bad.output
     finally:
-        from common.attacks import ATTACKS
+        from common.learn.attacks import ATTACKS
 
         ATTACKS._items.pop("my_defences:ScaledMean", None)
         plugins.FINGERPRINTS.pop("my_defences:ScaledMean", None)
@@ -106,7 +106,7 @@ def test_a_compose_env_file_may_name_a_plugin_and_its_options(monkeypatch) -> No
                                "worker_attack": "my_defences:ScaledMean"})
         assert dep.attack.params["my_defences:ScaledMean"].factor == -2.0
     finally:
-        from common.attacks import ATTACKS
+        from common.learn.attacks import ATTACKS
 
         ATTACKS._items.pop("my_defences:ScaledMean", None)
         plugins.FINGERPRINTS.pop("my_defences:ScaledMean", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 CHILD = """
 import logging, os, sys
 from pathlib import Path
-from common.process import setup_logging
+from common.run.process import setup_logging
 log = Path(sys.argv[1])
 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # as ps-cluster's children
 os.dup2(fd, 1); os.dup2(fd, 2)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.protocol import (
+from common.net.protocol import (
     CHUNK_BYTES,
     MAX_HEADER_BYTES,
     PROTOCOL_VERSION,
@@ -224,7 +224,7 @@ def test_headers_holding_oversized_containers_are_refused_while_decoding(config,
 
 
 def test_a_hello_with_the_runs_own_settings_still_decodes() -> None:
-    from common.config import RunConfig
+    from common.run.config import RunConfig
 
     cfg = RunConfig().validate()
     header = Hello(role="worker", worker=0, config_hash=cfg.config_hash, config=cfg.to_dict())

@@ -1,4 +1,4 @@
-"""One check of a push for the server and the proxy (``common/pushes.py``)."""
+"""One check of a push for the server and the proxy (``common/net/pushes.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from common.protocol import ErrorCode, Push, Refused, decode, encode
-from common.pushes import PushWindow, check_push
+from common.net.protocol import ErrorCode, Push, Refused, decode, encode
+from common.net.pushes import PushWindow, check_push
 from server.group import ShardGroup
 from tests.unit.ps.test_proxy_core import CFG, GAMBLER, LENGTH, attack, make_core, push
 

@@ -1,5 +1,5 @@
 """The one refusal and offence path the server's and the proxy's cores share
-(``common.refusals``), without a core: each branch once, with a stand-in reply."""
+(``common.net.refusals``), without a core: each branch once, with a stand-in reply."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from common.budgets import BARRED, CUT, FROM_BARRED, PeerPolicy
-from common.keys import Identity
-from common.protocol import (
+from common.net.budgets import BARRED, CUT, FROM_BARRED, PeerPolicy
+from common.net.keys import Identity
+from common.net.protocol import (
     Error,
     ErrorCode,
     Hello,
@@ -21,8 +21,8 @@ from common.protocol import (
     decode,
     encode,
 )
-from common.refusals import MAX_ERROR_TEXT, Answering
-from common.transport import Incoming
+from common.net.refusals import MAX_ERROR_TEXT, Answering
+from common.net.transport import Incoming
 
 WORKER = Identity("worker", 1)
 

@@ -1,4 +1,4 @@
-"""End-to-end tags through a proxy (``common/relay_auth.py``): X25519 as RFC 7748
+"""End-to-end tags through a proxy (``common/net/relay_auth.py``): X25519 as RFC 7748
 specifies it and as libsodium's CURVE keys agree, and a server core that refuses what a
 proxy's key says for a worker without that worker's tag (issue 35's second row)."""
 
@@ -11,10 +11,10 @@ import pytest
 import zmq
 import zmq.utils.z85 as z85
 
-from common.keys import Identity, KeyRing, create_keys
-from common.protocol import Ack, Error, ErrorCode, Hello, Push, Welcome, decode, encode
-from common.relay_auth import hello_tag, new_nonce, pair_key, push_tag, x25519
-from common.transport import Incoming
+from common.net.keys import Identity, KeyRing, create_keys
+from common.net.protocol import Ack, Error, ErrorCode, Hello, Push, Welcome, decode, encode
+from common.net.relay_auth import hello_tag, new_nonce, pair_key, push_tag, x25519
+from common.net.transport import Incoming
 from server.sessions import RelayTags
 from tests.unit.server.test_server_core import CFG5, grad, make_core, only
 
@@ -172,7 +172,7 @@ def test_a_worker_tags_what_it_sends_through_keys(ring) -> None:
 def test_refusals_through_a_proxy_are_budgeted_per_verified_worker_else_per_key(ring) -> None:
     """One worker behind a proxy, or envelopes the key holder makes up, cannot spend the
     answers another verified worker behind it needs."""
-    from common.budgets import REFUSAL_BURST
+    from common.net.budgets import REFUSAL_BURST
 
     core = _core(ring)
     for w, route in ((1, b"route-1"), (2, b"route-2")):

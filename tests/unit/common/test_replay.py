@@ -1,4 +1,4 @@
-"""The default replay window and checkpoint interval (``common/replay.py``): the paper's
+"""The default replay window and checkpoint interval (``common/run/replay.py``): the paper's
 models as always, a large model within the memory budget, and the two always matching
 (what ``ps-cluster`` and the compose generator check before starting anything)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import ConfigError
-from common.replay import (
+from common.run.replay import (
     GENERATIONS,
     MIN_REPLAY_ROUNDS,
     REPLAY_BUDGET_BYTES,

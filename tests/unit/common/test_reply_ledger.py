@@ -1,4 +1,4 @@
-"""The bytes of large replies a key may leave untaken (``common.transport.ReplyLedger``):
+"""The bytes of large replies a key may leave untaken (``common.net.transport.ReplyLedger``):
 sent without a copy, each keeps its values alive until libzmq has sent it; beyond the
 budget they are dropped and reported, and what was taken frees the budget again."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.protocol import Params
-from common.transport import ZERO_COPY_MIN_BYTES, ReplyLedger, send_all
+from common.net.protocol import Params
+from common.net.transport import ZERO_COPY_MIN_BYTES, ReplyLedger, send_all
 
 BIG = np.zeros(ZERO_COPY_MIN_BYTES // 4 * 2, np.float32)  # 2 MiB: sent without a copy
 SMALL = np.zeros(100, np.float32)

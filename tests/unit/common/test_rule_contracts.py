@@ -1,5 +1,5 @@
-"""Contracts shared by every rule and pre-aggregator (``common.rules.base``,
-``common.rules.pre.base``): the input they accept, what an all-NaN input gives, and
+"""Contracts shared by every rule and pre-aggregator (``common.learn.rules.base``,
+``common.learn.rules.pre.base``): the input they accept, what an all-NaN input gives, and
 SMEA's tie-break under eigenvalue rounding."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.rules import RuleError, make_rule, rule_names
-from common.rules.pre import Chain, RoundContext, pre_names
+from common.learn.rules import RuleError, make_rule, rule_names
+from common.learn.rules.pre import Chain, RoundContext, pre_names
 
 CTX = RoundContext(seed=3, round=2, shard=0)
 SIZES = [(11, 2), (10, 1)]  # odd and even n: MarMed's NaN reading depends on parity

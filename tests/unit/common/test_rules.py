@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.rules import RULES, RuleError, make_rule, rule_names
+from common.learn.rules import RULES, RuleError, make_rule, rule_names
 
 # n values of the reference sweeps, even and odd (each n compiles its own kernels once).
 NS = [1, 2, 3, 4, 5, 6, 7, 10, 20, 21]

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.rules import RuleError, make_rule
-from common.rules.caf import caf_weights
-from common.rules.mda import MAX_SUBSETS as MDA_CAP
-from common.rules.smea import MAX_SUBSETS as SMEA_CAP
+from common.learn.rules import RuleError, make_rule
+from common.learn.rules.caf import caf_weights
+from common.learn.rules.mda import MAX_SUBSETS as MDA_CAP
+from common.learn.rules.smea import MAX_SUBSETS as SMEA_CAP
 
 
 def matrix(n: int, d: int, seed: int) -> np.ndarray:

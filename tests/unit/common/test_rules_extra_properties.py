@@ -28,8 +28,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.rules import make_rule
-from common.rules.pre import Chain, RoundContext
+from common.learn.rules import make_rule
+from common.learn.rules.pre import Chain, RoundContext
 
 NS = [1, 2, 3, 4, 5, 6, 7, 9]
 EXTREME = [math.nan, math.inf, -math.inf, 1e20, -1e20, 3.4e38, -3.4e38]

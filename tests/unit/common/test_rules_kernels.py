@@ -1,4 +1,4 @@
-"""Unit tests of common/rules/kernels/: networks, pruning, both kernel shapes, threads,
+"""Unit tests of common/learn/rules/kernels/: networks, pruning, both kernel shapes, threads,
 the NaN convention, the Gram distances and the subset searches."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.rules.kernels import gram, subsets
-from common.rules.kernels import networks as K
-from common.rules.kernels.threads import MIN_COLUMNS_PER_THREAD
+from common.learn.rules.kernels import gram, subsets
+from common.learn.rules.kernels import networks as K
+from common.learn.rules.kernels.threads import MIN_COLUMNS_PER_THREAD
 
 HALF = np.float32(0.5)
 

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.rules import RuleError
-from common.rules.defence import rule_options
-from common.rules.pre import (
+from common.learn.rules import RuleError
+from common.learn.rules.defence import rule_options
+from common.learn.rules.pre import (
     PRE_AGGREGATORS,
     Chain,
     RoundContext,
@@ -25,7 +24,8 @@ from common.rules.pre import (
     pre_class,
     pre_names,
 )
-from common.seeding import derive_rng
+from common.learn.seeding import derive_rng
+from common.run.config import RunConfig
 from server.options import ServerOptions
 
 CTX = RoundContext(seed=5, round=7, shard=1)

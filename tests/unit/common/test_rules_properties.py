@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.rules import make_rule
+from common.learn.rules import make_rule
 
 # A few n values only: each compiles its kernels once (then cached on disk).
 NS = [1, 2, 3, 4, 5, 6, 7, 10]

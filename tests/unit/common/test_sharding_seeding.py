@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.seeding import derive_int_seed, derive_rng
-from common.sharding import shard_ranges
+from common.learn.seeding import derive_int_seed, derive_rng
+from common.net.sharding import shard_ranges
 
 
 @given(st.integers(1, 10**7), st.integers(1, 64))

@@ -1,4 +1,4 @@
-"""Replies through a node's ROUTER (``common.transport.Listener.send_all``), with real
+"""Replies through a node's ROUTER (``common.net.transport.Listener.send_all``), with real
 ZeroMQ sockets on the loopback: those sharing one message are encoded and copied once
 and arrive bit-identical at every peer."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zmq
 
-import common.transport as transport
-from common.protocol import CHUNK_BYTES, Ack, Header, Params, Status, encode
-from common.transport import Listener, connect_dealer, largest_message, send_frames, shut_down
+import common.net.transport as transport
+from common.net.protocol import CHUNK_BYTES, Ack, Header, Params, Status, encode
+from common.net.transport import Listener, connect_dealer, largest_message, send_frames, shut_down
 from server.core import Reply
 
 TIMEOUT_MS = 5000

@@ -1,4 +1,4 @@
-"""bfloat16 on the wire (``common/wire.py``, ``--wire-dtype``): the rounding, the exact
+"""bfloat16 on the wire (``common/net/wire.py``, ``--wire-dtype``): the rounding, the exact
 widening, a PUSH's frames both ways, and the refusals of what does not fit."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.protocol import (
+from common.net.protocol import (
     CHUNK_BYTES,
     ErrorCode,
     ProtocolError,
@@ -17,8 +17,8 @@ from common.protocol import (
     encode,
     reheaded,
 )
-from common.pushes import PushWindow, check_push
-from common.wire import (
+from common.net.pushes import PushWindow, check_push
+from common.net.wire import (
     BFLOAT16,
     FLOAT32,
     from_bfloat16,
@@ -170,7 +170,7 @@ def test_a_push_is_sized_by_its_wire_dtype_at_the_server() -> None:
     """What the server and a proxy's front take as the largest legal push: 2 bytes a
     value with bfloat16, so a bfloat16 push has no float32-sized budget to spend on
     frames."""
-    from common.transport import largest_message
+    from common.net.transport import largest_message
 
     n = 10_000_000
     assert 2 * n < largest_message(n, 2) < 2 * n + 100_000 < largest_message(n) - 1.9 * n

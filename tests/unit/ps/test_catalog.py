@@ -9,11 +9,11 @@ import sys
 
 from click.testing import CliRunner
 
-from common.attacks import ATTACKS
-from common.data import DATASETS
-from common.models import MODELS
-from common.rules import RULES, Rule, register_rule
-from common.rules.pre import PRE_AGGREGATORS
+from common.learn.attacks import ATTACKS
+from common.learn.data import DATASETS
+from common.learn.models import MODELS
+from common.learn.rules import RULES, Rule, register_rule
+from common.learn.rules.pre import PRE_AGGREGATORS
 from ps.list_cli import main
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
+from common.run.config import AttackConfig, RunConfig
 from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.launcher.supervise import ProcessFailed

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
-from common.sharding import shard_ranges
+from common.net.sharding import shard_ranges
+from common.run.config import AttackConfig, RunConfig
 from ps.proxy.corruption import ShardCorruptor
 
 CFG = RunConfig(dataset="synthetic", num_workers=6, num_shards=3, rule="marmed", q=1,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from common.errors import ConfigError
-from common.keys import SECRET_SUFFIX, needed_keys
+from common.net.keys import SECRET_SUFFIX, needed_keys
 from ps.deploy import compose, stack
 from ps.deploy.compose import deployment_of, options_env, recorded_options, render
 from ps.keys.cli import main as keys_main

@@ -6,7 +6,7 @@ what is tested is what Docker reads), and the compose file of the gambler experi
 it, and checks, for every service:
 
 * keys: a node mounts only its own key bundle, read-only, holding exactly
-  ``common.keys.needed_keys`` for its identity (``ps-keys --bundles`` writes them: run
+  ``common.net.keys.needed_keys`` for its identity (``ps-keys --bundles`` writes them: run
   here with the compose file's own arguments); in the swarm stack every service gets
   exactly those files as secrets, so a worker holds its own secret key and no other;
 * files: each node writes only its own directory (``<runs>/<service>`` in compose, a
@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from common.keys import SECRET_SUFFIX, KeyRing, needed_keys
+from common.net.keys import SECRET_SUFFIX, KeyRing, needed_keys
 from ps.deploy import resources
 from ps.deploy.compose import deployment_of, render
 from ps.keys.cli import main as keys_main

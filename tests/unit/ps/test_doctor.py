@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from common.keys import SecurityOptions
+from common.net.keys import SecurityOptions
 from ps.doctor import checks
 from ps.doctor.cli import main
 from ps.launcher.cli import slow_curve

@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
-from common.keys import Identity
-from common.metrics import JsonlWriter, read_jsonl
-from common.protocol import (
+from common.net.keys import Identity
+from common.net.protocol import (
     Ack,
     Error,
     ErrorCode,
@@ -34,7 +32,9 @@ from common.protocol import (
     encode,
     split_envelope,
 )
-from common.transport import Incoming
+from common.net.transport import Incoming
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import JsonlWriter, read_jsonl
 from ps.proxy import core as proxy_core
 from ps.proxy.core import Outgoing, ProxyCore
 from ps.proxy.corruption import ShardCorruptor

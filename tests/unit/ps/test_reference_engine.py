@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
+from common.run.config import AttackConfig, RunConfig
 from ps.reference import engine
 from ps.reference.engine import simulate
 from worker import step as worker_step

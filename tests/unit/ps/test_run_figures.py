@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from common.config import AttackConfig, RunConfig, write_run_config
 from common.errors import EXIT_CONFIG
-from common.metrics import read_jsonl
+from common.run.config import AttackConfig, RunConfig, write_run_config
+from common.run.metrics import read_jsonl
 from ps.plots import run_figures
 from ps.plots.cli import main as report_main
 from ps.plots.run_figures import draw_finished_run, draw_run, read_rounds, run_title
@@ -197,7 +197,7 @@ def test_a_fresh_matplotlib_cache_logs_nothing_on_the_terminal(tmp_path: Path) -
     import subprocess
     import sys
 
-    code = ("from common.process import setup_logging; setup_logging('x', True)\n"
+    code = ("from common.run.process import setup_logging; setup_logging('x', True)\n"
             "from ps.plots.style import pyplot, save\n"
             "fig = pyplot().figure(); fig.gca().plot([0, 1]); fig.gca().set_title('t')\n"
             f"save(fig, __import__('pathlib').Path({str(tmp_path / 'f.png')!r}))\n")

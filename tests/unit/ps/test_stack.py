@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from common.errors import ConfigError
-from common.keys import KeyRing, create_keys, needed_keys
-from common.sharding import parse_servers
+from common.net.keys import KeyRing, create_keys, needed_keys
+from common.net.sharding import parse_servers
 from ps.deploy.compose import (
     Deployment,
     deployment,

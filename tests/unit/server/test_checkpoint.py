@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import RunConfig
 from common.errors import EXIT_CONFIG, ConfigError
-from common.keys import KeyRing, create_keys
-from common.model_init import initial_parameters
-from common.sharding import shard_ranges
+from common.net.keys import KeyRing, create_keys
+from common.net.sharding import shard_ranges
+from common.run.config import RunConfig
+from common.run.model_init import initial_parameters
 from server import checkpoint as ck
 from server.checkpoint import (
     Checkpoint,

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
-from common.protocol import Ack
+from common.net.protocol import Ack
+from common.run.config import AttackConfig, RunConfig
 from ps.launcher.cluster import ClusterSpec
 from server.deadline import AUTO_FIRST_S, AUTO_FLOOR_S, AUTO_HISTORY, AUTO_MAX_S, RoundDeadline
 from server.options import ServerOptions, default_quorum
@@ -166,7 +166,7 @@ def test_a_proxy_attack_that_holds_rounds_turns_the_default_deadline_off() -> No
 
 def greet_at(core, worker: int, now: float) -> None:
     """Worker ``worker``'s first HELLO, at ``now``."""
-    from common.protocol import Hello
+    from common.net.protocol import Hello
     from tests.unit.server.test_server_core import message
 
     core.handle(message(Hello(role="worker", worker=worker, config_hash=CFG5.config_hash),

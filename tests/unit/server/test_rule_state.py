@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.rules import make_rule
-from common.seeding import derive_rng
+from common.learn.rules import make_rule
+from common.learn.seeding import derive_rng
+from common.run.config import RunConfig
 from server.checkpoint import Checkpoint, Expected, load_checkpoint, save_checkpoint
 from server.core import ServerCore
 from server.group import ShardGroup

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import server.core
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.keys import Identity
-from common.metrics import JsonlWriter, read_jsonl
-from common.protocol import (
+from common.learn.rules.defence import Defence
+from common.learn.rules.pre import RoundContext
+from common.net.keys import Identity
+from common.net.protocol import (
     Ack,
     Error,
     ErrorCode,
@@ -35,9 +35,9 @@ from common.protocol import (
     decode,
     encode,
 )
-from common.rules.defence import Defence
-from common.rules.pre import RoundContext
-from common.transport import Incoming
+from common.net.transport import Incoming
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter, read_jsonl
 from server.checkpoint import Checkpoint
 from server.core import CHECKPOINT_FAILED, REPEATED_PUSH, Reply, ServerCore
 from server.options import ServerOptions

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.budgets import BARRED, FROM_BARRED, LOG_INTERVAL_S, REFUSAL_BURST, UNANSWERED
-from common.keys import Identity
-from common.metrics import read_jsonl
-from common.protocol import Ack, Error, ErrorCode, Hello, Params, ProtocolError, Status
-from common.transport import Incoming
+from common.net.budgets import BARRED, FROM_BARRED, LOG_INTERVAL_S, REFUSAL_BURST, UNANSWERED
+from common.net.keys import Identity
+from common.net.protocol import Ack, Error, ErrorCode, Hello, Params, ProtocolError, Status
+from common.net.transport import Incoming
+from common.run.metrics import read_jsonl
 from tests.unit.server.test_server_core import (
     CFG5,
     _worker_peer,

@@ -11,10 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
 from common.errors import ConfigError
-from common.metrics import JsonlWriter, read_jsonl
-from common.protocol import (
+from common.net.protocol import (
     CHUNK_BYTES,
     Hello,
     Params,
@@ -24,14 +22,16 @@ from common.protocol import (
     decode,
     encode,
 )
-from common.sharding import (
+from common.net.sharding import (
     ServerSlices,
     format_shard_set,
     parse_servers,
     parse_shard_set,
     server_blocks,
 )
-from common.transport import Incoming
+from common.net.transport import Incoming
+from common.run.config import AttackConfig, RunConfig
+from common.run.metrics import JsonlWriter, read_jsonl
 from ps.proxy.core import ProxyCore
 from ps.proxy.corruption import ShardCorruptor
 from server.checkpoint import (
@@ -226,7 +226,7 @@ def _run_rounds(core: ServerCore, cfg: RunConfig, rounds: int, values) -> None:
 def test_a_coordinate_wise_defence_aggregates_a_process_s_shards_in_one_call(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str, pre: str,
         one_call: bool) -> None:
-    from common.rules.defence import Defence
+    from common.learn.rules.defence import Defence
 
     cfg = RunConfig(dataset="synthetic", num_workers=6, num_shards=3, rule=rule, q=1,
                     pre=pre, lr=0.5, rounds=3).validate()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.keys import Identity
-from common.protocol import ErrorCode, Header, Hello, Pull, Push, Refused, Status
-from common.scopes import check_claim
+from common.net.keys import Identity
+from common.net.protocol import ErrorCode, Header, Hello, Pull, Push, Refused, Status
+from common.net.scopes import check_claim
 from server.sessions import MAX_SESSIONS_PER_PRINCIPAL, Session, Sessions
 
 WORKER_1 = Session("worker", 1, None)
@@ -136,7 +136,7 @@ def test_the_evaluator_key_may_only_read(header: Header, ok: bool) -> None:
 
 
 # Every (key, role claimed, shard, direct or relayed) combination against the scope
-# each key has (common/keys.py): the expected table is written out here, not derived.
+# each key has (common/net/keys.py): the expected table is written out here, not derived.
 MESSAGES = {
     "hello-worker-3": hello("worker", 3),
     "hello-worker-4": hello("worker", 4),

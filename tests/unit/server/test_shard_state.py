@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import RunConfig
-from common.protocol import ErrorCode, Refused
+from common.net.protocol import ErrorCode, Refused
+from common.run.config import RunConfig
 from server.group import ShardGroup
 from server.shard import HISTORY_ROUNDS
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.buffers import HostBuffers
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
 from common.errors import EXIT_CONFIG, ConfigError
-from common.model_init import initial_parameters
+from common.learn.data import load_dataset
+from common.run.buffers import HostBuffers
+from common.run.config import AttackConfig, RunConfig
+from common.run.model_init import initial_parameters
 from ps.reference.engine import simulate
 from worker.device import check_device, cuda_devices, resolve_device, select_device
 from worker.trainer import GradientComputer, cross_entropy

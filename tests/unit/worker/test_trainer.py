@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.config import RunConfig
-from common.data import load_dataset, minibatch_indices
-from common.model_init import initial_parameters
-from common.models import build_model, flatten_gradients, load_flat_parameters
-from common.seeding import derive_int_seed
+from common.learn.data import load_dataset, minibatch_indices
+from common.learn.models import build_model, flatten_gradients, load_flat_parameters
+from common.learn.seeding import derive_int_seed
+from common.run.config import RunConfig
+from common.run.model_init import initial_parameters
 from worker.trainer import GradientComputer
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import RunConfig
 from common.errors import ConfigError
-from common.protocol import Params, Pull, Welcome, decode, encode, join_envelope, split_envelope
+from common.net.protocol import Params, Pull, Welcome, decode, encode, join_envelope, split_envelope
+from common.run.config import RunConfig
 from worker import client
 from worker.core import Connection, RetryPolicy
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import RunConfig
 from common.errors import ClusterTimeout, ConfigError, PeerError
-from common.protocol import (
+from common.net.protocol import (
     Ack,
     Error,
     ErrorCode,
@@ -27,6 +26,7 @@ from common.protocol import (
     decode,
     encode,
 )
+from common.run.config import RunConfig
 from worker.core import (
     HANDSHAKE_GRACE_S,
     MAX_RESENDS,

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from common.config import RunConfig
-from common.metrics import JsonlWriter, read_jsonl
-from common.protocol import Ack, Error, ErrorCode, Params, Pull, Push, Welcome, decode, encode
+from common.net.protocol import Ack, Error, ErrorCode, Params, Pull, Push, Welcome, decode, encode
+from common.run.config import RunConfig
+from common.run.metrics import JsonlWriter, read_jsonl
 from worker.core import ClientCore, NextRound, Send
 from worker.round import Phase, WorkerRound
 

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from common.config import AttackConfig, RunConfig
-from common.data import load_dataset
-from common.model_init import initial_parameters
+from common.learn.data import load_dataset
+from common.run.config import AttackConfig, RunConfig
+from common.run.model_init import initial_parameters
 from ps.reference.engine import simulate
 from worker.byzantine import ByzantineState, byzantine_gradient
 from worker.step import WorkerStep

@@ -1,0 +1,1 @@
+"""Declaring and reading settings: the declarations, the registries, run files."""

@@ -1,0 +1,1 @@
+"""Learning: rules and pre-aggregators, attacks, data, models, seeded randomness."""

@@ -1,0 +1,1 @@
+"""The wire and its security: protocol, sockets and guards, keys, budgets, refusals."""

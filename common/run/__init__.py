@@ -1,0 +1,1 @@
+"""A run: its configuration, the commands and their command lines, plugins, processes."""
