@@ -228,7 +228,10 @@ class ServerCore:
             return self._finish_round(now, closing)
         except Exception:  # the rule raised: the round stays open, tried again later
             self.counters[ErrorCode.INTERNAL.value] += 1
-            log.exception("closing round %d failed", self.state.round)
+            held = self.peers.loggable("internal", "closing", now)
+            if held is not None:  # within the log budget: retried every push and tick
+                log.exception("closing round %d failed%s", self.state.round,
+                              f" ({held} more failures since the last line)" if held else "")
             return []
 
     def deadline(self) -> float | None:

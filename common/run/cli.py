@@ -80,6 +80,12 @@ class SettingsCommand(click.Command):
             self.plugin_error = None
         except ConfigError as exc:
             self.plugin_error = exc
+            if not {"-h", "--help"} & set(argv):  # refused now, before a plugin's own flag
+                error = click.UsageError(str(exc))  # would read as an unknown option
+                if not extra.get("standalone_mode", True):
+                    raise error from None
+                error.show()
+                sys.exit(error.exit_code)
         self.params = [*self.own, *setting_options(self.command)]
         return super().main(argv, *more, **extra)
 
@@ -138,12 +144,29 @@ def _click_option(d: Declared) -> Callable[[Callable], Callable]:
     return click.option(*names, **kwargs)
 
 
-class PluginChoice(click.Choice):
+class LiveChoice(click.Choice):
+    """The names a setting may take, read when a value is checked or ``--help`` shows
+    them (a registry's, with the plugins loaded by then), not when the option is made."""
+
+    def __init__(self, choices_of: Callable[[], Sequence[str]]) -> None:
+        self.choices_of = choices_of
+        super().__init__(tuple(choices_of()))
+
+    @property
+    def choices(self) -> Sequence[str]:
+        return tuple(self.choices_of())
+
+    @choices.setter
+    def choices(self, value: Sequence[str]) -> None:
+        """Set by click's constructor: the live names are read instead."""
+
+
+class PluginChoice(LiveChoice):
     """A registry's names, or a plugin's dotted path ``package.module:Name``, loaded and
     registered when given (a path that cannot be loaded is refused with why)."""
 
-    def __init__(self, choices: tuple[str, ...], kind: str) -> None:
-        super().__init__(choices)
+    def __init__(self, choices_of: Callable[[], Sequence[str]], kind: str) -> None:
+        super().__init__(choices_of)
         self.kind = kind
 
     def convert(self, value: Any, param: click.Parameter | None,
@@ -158,11 +181,14 @@ class PluginChoice(click.Choice):
 
 
 def _click_type(d: Declared) -> click.ParamType | type:
-    choices = d.choices
-    if choices is not None and d.param in plugins.NAMING:
-        return PluginChoice(choices, plugins.NAMING[d.param])
-    if choices is not None:
-        return click.Choice(choices)
+    if d.choices is not None:
+
+        def choices_of() -> tuple[str, ...]:
+            return d.choices or ()
+
+        if d.param in plugins.NAMING:
+            return PluginChoice(choices_of, plugins.NAMING[d.param])
+        return LiveChoice(choices_of)
     low, high = d.spec.minimum, d.spec.maximum
     if d.kind is int and (low is not None or high is not None):
         return click.IntRange(min=low, max=high)

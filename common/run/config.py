@@ -166,13 +166,18 @@ class RunConfig:
         from a run's ``config.json``, a grid cell or a peer); ``TypeError`` for a name
         that is no setting."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        extra = {d.name for d in cls.extra_settings()}
-        unknown = set(values) - fields - extra
+        defaults = {d.name: d.default for d in cls.extra_settings()}
+        unknown = set(values) - fields - set(defaults)
         if unknown:
             raise TypeError(f"RunConfig has no settings {sorted(unknown)}")
-        plugged = tuple(sorted((k, v) for k, v in values.items() if k in extra))
         given = {k: v for k, v in values.items() if k in fields}
-        return cls(**{**given, "plugin_options": given.get("plugin_options", ()) + plugged})
+        # later values win; an option at its default is left out, so that two runs that
+        # hash alike are equal
+        options = dict(given.get("plugin_options", ()))
+        options.update((k, v) for k, v in values.items() if k in defaults)
+        kept = tuple(sorted((k, v) for k, v in options.items()
+                            if k not in defaults or v != defaults[k]))
+        return cls(**{**given, "plugin_options": kept})
 
     def __getattr__(self, name: str) -> Any:
         """A plugin's option by its name: its value in this run, else its default."""

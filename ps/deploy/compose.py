@@ -90,6 +90,7 @@ from common.learn.attacks import ATTACKS, NO_ATTACK, attack_names
 from common.net.keys import SecurityOptions
 from common.net.sharding import ShardSet, format_shard_set
 from common.run import plugins
+from common.run.cli import LiveChoice
 from common.run.commands import DEPLOYED, command_of, setting_classes
 from common.run.config import AttackConfig, RunConfig
 from common.run.process import ProcessOptions
@@ -226,7 +227,7 @@ def unknown_settings(keys: Mapping[str, str], env: Mapping[str, str]) -> list[st
     """The ``keys`` that are no setting of the commands the containers run (nor
     ``PS_SERVER_PROCESSES``); a plugin ``env`` names by dotted path is loaded first, so
     that its settings are known."""
-    plugins.load_named(plugins.scan_argv([], env))
+    plugins.load_plugins(plugins.scan_argv([], env))
     known = {d.env for cls in setting_classes(DEPLOYED) for d in declared(cls)}
     known.add(SERVER_PROCESSES.env)
     return sorted(k for k in keys if k not in known)
@@ -664,7 +665,7 @@ def topology_params() -> list[click.Option]:
         click.Option(["--byzantine-workers"], default="", callback=_int_list, metavar="IDS",
                      help="worker ids that run --worker-attack (comma-separated)"),
         click.Option(["--worker-attack"], default="gaussian",
-                     type=click.Choice(attack_names(WORKER)[1:]),
+                     type=LiveChoice(lambda: attack_names(WORKER)[1:]),
                      help="attack of the Byzantine workers (default gaussian)"),
     ]
 
@@ -725,7 +726,11 @@ def run_command(command: click.Command, argv: list[str] | None, script: str) -> 
     arguments): its exit status, 2 for a usage error (said on stderr), 0 after
     ``--help``."""
     try:
+        plugins.load_plugins({})  # the installed packages' (the env file's: deployment)
         status = command.main(args=argv, prog_name=Path(script).name, standalone_mode=False)
+    except ConfigError as exc:
+        click.echo(f"{Path(script).stem}: {exc}", err=True)
+        return 2
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

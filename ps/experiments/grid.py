@@ -61,8 +61,6 @@ def largest_q(rule: str, n: int, wanted: int) -> int:
 
 # bump when a default or the meaning of a setting changes: every cached cell is then stale
 CELL_FORMAT = 1
-RUN_DEFAULTS = RunConfig().to_dict()
-ATTACK_DEFAULTS = AttackConfig().to_dict()
 
 
 def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -102,8 +100,11 @@ class Cell:
         and of ``CELL_FORMAT``: a setting added later with a default that keeps the old
         behaviour leaves every cached cell valid."""
         cfg, attack = self.configs()
-        text = json.dumps({"format": CELL_FORMAT, "run": _changed(cfg.to_dict(), RUN_DEFAULTS),
-                           "attack": _changed(attack.to_dict(), ATTACK_DEFAULTS)},
+        # the defaults as they are now: a plugin loaded (its options, its attack's
+        # parameters) is at its defaults on both sides and leaves the key what it was
+        text = json.dumps({"format": CELL_FORMAT,
+                           "run": _changed(cfg.to_dict(), RunConfig().to_dict()),
+                           "attack": _changed(attack.to_dict(), AttackConfig().to_dict())},
                           sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
