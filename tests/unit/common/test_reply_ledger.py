@@ -29,6 +29,10 @@ def _pair() -> tuple[zmq.Socket, zmq.Socket]:
     ctx = zmq.Context.instance()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.copy_threshold = ZERO_COPY_MIN_BYTES
+    # small kernel buffers: a 2 MiB reply the peer does not read stays in libzmq's hands
+    # (its tracker pending) whatever the machine's load, not written out to the kernel
+    router.setsockopt(zmq.SNDBUF, 64 << 10)
+    dealer.setsockopt(zmq.RCVBUF, 64 << 10)
     dealer.setsockopt(zmq.IDENTITY, b"peer")
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
