@@ -409,7 +409,8 @@ class ServerCore:
         envelope, peer, message = incoming.envelope, incoming.peer, incoming.message
         session = self.sessions.require(peer)
         push = header_as(message, Push)
-        assert message is not None  # (header_as: it holds a push)
+        if message is None:  # (header_as: it holds a push)
+            raise TypeError("a push handler without a message")
         if session.role != "worker" or session.worker != push.worker:
             raise Refused(ErrorCode.FORBIDDEN, f"this peer said HELLO as {session.role} "
                           f"{session.worker}, not as worker {push.worker}")

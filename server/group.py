@@ -94,7 +94,8 @@ class ShardGroup:
         dtype: str | None = None  # the message's (None: the run's)
         if isinstance(values, Message):
             header = values.header
-            assert isinstance(header, Push)  # (a PUSH's message)
+            if not isinstance(header, Push):
+                raise TypeError(f"a push of a {type(header).__name__} message")
             length, dtype = header.length, values_dtype(header)
         else:
             length = values.size

@@ -520,7 +520,8 @@ class ClientCore:
 
     def _on_error(self, server: int, reply: Message, now: float) -> list[Send]:
         error = reply.header
-        assert isinstance(error, Error)  # dispatched on its type (_HANDLERS)
+        if not isinstance(error, Error):  # dispatched on its type (_HANDLERS)
+            raise TypeError(f"an ERROR handler got {type(error).__name__}")
         link = self.links[server]
         step = link.steps[0]
         if step.best_effort:

@@ -100,7 +100,8 @@ class _RotatingLog(logging.handlers.RotatingFileHandler):
     def _fileno(self) -> int:
         """The log file's descriptor: it is open (the handler is not ``delay``ed, so
         ``__init__`` and each rollover open it)."""
-        assert self.stream is not None
+        if self.stream is None:
+            raise RuntimeError("the log file is not open")
         return self.stream.fileno()
 
 

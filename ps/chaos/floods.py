@@ -89,7 +89,8 @@ class Flood:
     @property
     def connection(self) -> zmq.Socket:
         """The socket :meth:`open` started on (before any :meth:`step`)."""
-        assert self.sock is not None, "a flood steps once opened"
+        if self.sock is None:
+            raise RuntimeError("a flood steps once opened")
         return self.sock
 
     def step(self, now: float) -> bool:
@@ -131,7 +132,8 @@ class Flood:
         self._flush()
 
     def _flush(self) -> None:
-        assert self.outbox is not None  # (called with one waiting)
+        if self.outbox is None:
+            raise RuntimeError("nothing waits to be sent")
         with contextlib.suppress(zmq.Again):
             self.connection.send_multipart(self.outbox, flags=zmq.NOBLOCK)
             self.outbox = None

@@ -462,7 +462,8 @@ class BackgroundRun:
 
     def join(self) -> ClusterResult | BaseException:
         self._thread.join()
-        assert self._outcome is not None  # _run sets it before the thread ends
+        if self._outcome is None:  # _run sets it before the thread ends
+            raise RuntimeError("the cluster's thread ended without an outcome")
         return self._outcome
 
     def _run(self) -> None:

@@ -57,7 +57,8 @@ class ManagedProcess:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the exit; whether it exited."""
-        assert self.process is not None, f"{self.name} was never started"
+        if self.process is None:
+            raise RuntimeError(f"{self.name} was never started")
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -48,7 +48,8 @@ class ShardCorruptor:
         if isinstance(impl, ValueAttack):
             return impl.corrupt(values, self._site(round_, worker, "push"))
         if impl is not None and worker in self.victims:
-            assert isinstance(impl, VectorAttack)  # a proxy's attack: value or vector level
+            if not isinstance(impl, VectorAttack):  # a proxy's attack: value or vector level
+                raise TypeError(f"{type(impl).__name__} is neither a value nor a vector attack")
             empty = np.empty((1, values.size), dtype=np.float32)
             forged = impl.forge_at(empty, 1, self.cfg.num_workers, self.cfg.seed,
                                    f"proxy-{impl.name}", round_, worker, self.shard)
@@ -59,7 +60,8 @@ class ShardCorruptor:
         """Replace the victims' pushes (``pushes`` ordered by worker id) with forged ones."""
         honest = np.stack([p for i, p in enumerate(pushes) if i not in self.victims])
         impl = self.impl
-        assert isinstance(impl, VectorAttack)  # only a vector attack holds whole rounds
+        if not isinstance(impl, VectorAttack):  # only a vector attack holds whole rounds
+            raise TypeError(f"{type(impl).__name__} does not forge whole rounds")
         forged = impl.forge_at(honest, len(self.victims), self.cfg.num_workers,
                                self.cfg.seed, f"proxy-{impl.name}", round_, self.shard)
         out = list(pushes)

@@ -110,7 +110,8 @@ class Simulation:
                 # from now on it keeps the honest workers' momentum itself, from theirs
                 # (as they were before this round's step)
                 state = self.workers[i].state
-                assert state is not None  # (a Byzantine worker's)
+                if state is None:  # (a Byzantine worker's)
+                    raise RuntimeError(f"worker {i} is Byzantine but has no attack state")
                 state.honest = {j: self.workers[j].momentum.copy() for j in honest}
                 self.tracking.add(i)
         for i in honest:

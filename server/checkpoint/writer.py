@@ -141,7 +141,8 @@ class CheckpointWriter:
                 if self._closed:
                     return
                 ckpts, self._pending = self._pending, None
-            assert ckpts is not None  # (the wait above ends with one, or closed)
+            if ckpts is None:  # (the wait above ends with one, or closed)
+                raise RuntimeError("the checkpoint writer woke with nothing to write")
             self._save(ckpts)
 
     def _save(self, ckpts: list[Checkpoint]) -> None:
