@@ -24,26 +24,13 @@ from typing import Any, Generic, TypeVar
 
 from common.net.budgets import PeerPolicy
 from common.net.keys import Identity
-from common.net.protocol import (
-    Ack,
-    Error,
-    ErrorCode,
-    Hello,
-    Message,
-    Params,
-    Pull,
-    Push,
-    Refused,
-    Status,
-    StatusReply,
-    Welcome,
-)
+from common.net.protocol import Error, ErrorCode, Header, Message, Refused
 from common.net.scopes import check_claim
 from common.net.transport import Incoming
 
 MAX_ERROR_TEXT = 2000  # characters of an ERROR's message
 R = TypeVar("R")  # what the core sends: a server's Reply, a proxy's Outgoing
-H = TypeVar("H", Hello, Welcome, Pull, Params, Push, Ack, Status, StatusReply, Error)
+H = TypeVar("H", bound=Header)  # one of the message types
 
 
 def header_as(message: Message | None, kind: type[H]) -> H:
