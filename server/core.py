@@ -143,6 +143,7 @@ class ServerCore:
         self.bare: set[tuple[Peer, int]] = set()  # those parked by a bare_params push
         self.parked_per_peer: Counter[Peer] = Counter()
         self.readers_waiting: set[Peer] = set()
+        self.evaluator_arrived = False  # an evaluator has said HELLO (--await-evaluator)
         self.bytes_in = 0
         self.finished_at: float | None = None
         self.quorum = options.rows_needed(cfg)
@@ -187,11 +188,13 @@ class ServerCore:
 
     def done(self, now: float) -> bool:
         """The run is over and no reader still waits for the final round (or the linger
-        time after the last round has passed)."""
+        time after the last round has passed); with ``await_evaluator``, an evaluator that
+        has not said HELLO yet is waited for too."""
         if self.finished_at is None:
             return False
         lingering = now - self.finished_at < self.options.linger_s
-        return not (lingering and self.readers_waiting)
+        expected = self.options.await_evaluator and not self.evaluator_arrived
+        return not (lingering and (self.readers_waiting or expected))
 
     def checkpoint(self) -> None:
         """Save the shards now (if a store was given); a failure is logged and counted."""
@@ -368,6 +371,7 @@ class ServerCore:
             self._relay_tags().check_hello(hello)
             session = Session(hello.role, hello.worker, incoming.identity, hello.nonce)
         if hello.role == "evaluator":
+            self.evaluator_arrived = True
             # an evaluator that reconnected waits on its new socket, not its old ones
             self.readers_waiting.difference_update(self.sessions.peers_of(session))
             self.readers_waiting.add(peer)

@@ -51,6 +51,11 @@ class ServerOptions:
     linger_s: float = setting(30.0, "After the last round, keep serving this long (seconds) "
                               "while an evaluator has not read the final parameters.",
                               flag="--linger", roles=(SERVER,), minimum=0.0)
+    await_evaluator: bool = setting(
+        False, "An evaluator will read the final parameters: after the last round, linger "
+        "(--linger) for it even before its HELLO (a short run may end before the evaluator "
+        "has started). ps-cluster and the generated deployments set it when they start one.",
+        roles=(SERVER,))
     checkpoint_every: int | None = setting(
         None, "Save each shard (shard-<s>.npz in --out-dir, atomically and durably; a "
         "process of several shards keeps the one before too, shard-<s>.prev.npz) every K "

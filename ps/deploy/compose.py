@@ -276,8 +276,9 @@ def deployment_of(options: Mapping[str, Any]) -> Deployment:
 
 def server_options(dep: Deployment, **fixed: Any) -> ServerOptions:
     """A server's settings from the env file; the default round deadline yields to a
-    proxy attack that holds each round until all n pushes are in (as in ps-cluster)."""
-    options = dep.settings(ServerOptions, SERVER, **fixed)
+    proxy attack that holds each round until all n pushes are in (as in ps-cluster);
+    every server lingers for the one evaluator a deployment starts."""
+    options = dep.settings(ServerOptions, SERVER, await_evaluator=True, **fixed)
     if dep.attack.proxy_holds_rounds and options.round_timeout == AUTO:
         return replace(options, round_timeout=NONE)
     return options

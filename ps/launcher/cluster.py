@@ -275,7 +275,8 @@ class Cluster:
         """Server process ``server-<first>``'s flags (its shards: ``--shard 0-4``)."""
         options = replace(self.spec.server, shard=format_shard_set(self.blocks[first]),
                           bind=bind or f"tcp://{self.spec.cluster.host}:*",
-                          resume=resume or self.spec.server.resume)
+                          resume=resume or self.spec.server.resume,
+                          await_evaluator=not self.spec.cluster.no_evaluator)
         return child_argv(SERVER, options, self.spec.cfg, self.security,
                           self._process(f"server-{first}", ready_file))
 

@@ -912,6 +912,28 @@ def test_lingers_for_an_evaluator_that_has_not_read_the_final_round() -> None:
     assert core.done(100.0 + LINGER_S)
 
 
+def test_awaits_an_evaluator_that_has_not_said_hello_yet() -> None:
+    """A short run can end before the evaluator ps-cluster started has said HELLO: with
+    ``await_evaluator`` the server lingers for it, and is done once it reads the last round."""
+    core = make_core(await_evaluator=True)
+    run_rounds(core, 4, now=100.0)
+    assert not core.done(100.0)
+    assert not core.done(100.0 + LINGER_S - 0.01)
+    hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
+    late = 100.0 + LINGER_S / 2
+    assert not core.done(late)
+    assert_params(only(pull(core, 4, peer=EVALUATOR, now=late)), 4,
+                  core.state.states[0].params, EVALUATOR)
+    assert core.done(late)
+
+
+def test_awaiting_an_evaluator_that_never_comes_ends_with_the_linger_time() -> None:
+    core = make_core(await_evaluator=True)
+    run_rounds(core, 4, now=100.0)
+    assert not core.done(100.0 + LINGER_S - 0.01)
+    assert core.done(100.0 + LINGER_S)
+
+
 def test_done_at_once_when_the_evaluator_pulls_the_final_round() -> None:
     core = make_core()
     hello(core, role="evaluator", worker=-1, peer=EVALUATOR)

@@ -395,6 +395,20 @@ def test_a_run_records_its_server_processes_so_a_resume_spreads_the_shards_alike
     assert cluster.server_argv(2, None)[cluster.server_argv(2, None).index("--shard") + 1] == "2-3"
 
 
+@pytest.mark.parametrize("no_evaluator", [False, True])
+def test_the_servers_of_a_run_with_an_evaluator_await_it(tmp_path: Path,
+                                                         no_evaluator: bool) -> None:
+    """A short run may end before the evaluator says HELLO: its servers linger for it."""
+    from ps.launcher.cluster import Cluster, ClusterSpec
+    from ps.launcher.options import ClusterOptions
+
+    cfg = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rounds=2).validate()
+    cluster = Cluster(ClusterSpec(cfg=cfg, attack=AttackConfig().validate(cfg),
+                                  out_dir=tmp_path,
+                                  cluster=ClusterOptions(no_evaluator=no_evaluator)))
+    assert ("--await-evaluator" in cluster.server_argv(0, None)) is not no_evaluator
+
+
 def test_a_save_that_failed_part_way_never_becomes_the_previous_generation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
