@@ -117,6 +117,11 @@ def engine_options(function: Callable[..., None]) -> Callable[..., None]:
                      "processes."),
         click.option("--jobs", default=2, show_default=True, type=click.IntRange(1),
                      help="Cells run at once by the reference engine, one process each."),
+        click.option("--cached-from", "cached_from", multiple=True,
+                     type=click.Path(path_type=Path, exists=True, file_okay=False),
+                     help="A results folder (results.jsonl[.gz], e.g. docs/results/paper): "
+                     "its runs that are cells of this grid count as computed (repeatable). "
+                     "A grid grown by seeds or sweeps then resumes from the published runs."),
         click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
                      help="Run K randomly chosen cells through the cluster too; exit 5 if a "
                      "final parameter hash differs from the reference engine's."),
@@ -139,6 +144,7 @@ class GridRun:
     engine: str
     jobs: int
     verify_sample: int
+    cached_from: tuple[Path, ...]
 
     @classmethod
     def take(cls, values: dict[str, Any]) -> GridRun:
@@ -160,7 +166,8 @@ class GridRun:
         from ps.experiments.runner import CellRun
 
         execute(cells, CellRun(self.out, self.data_dir, self.eval_every, self.eval_samples,
-                               self.engine, self.jobs), self.verify_sample, metric, grid)
+                               self.engine, self.jobs, self.cached_from),
+                self.verify_sample, metric, grid)
 
 
 def execute(cells: Sequence[Cell], how: CellRun, verify_sample: int, metric: str,
@@ -273,7 +280,7 @@ class GridFileError(click.ClickException):
 @options_for(INVOCATION)
 @engine_options
 def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: int,
-             **values: Any) -> None:
+             cached_from: tuple[Path, ...], **values: Any) -> None:
     """Run the grid written in GRID.toml (or a shipped grid, by its name: ps-experiment
     run heterogeneity): its keys are run settings (the flags without "--") and seeds; a
     list is an axis of the product; [[exclude]] and [[only]] tables drop combinations
@@ -299,7 +306,7 @@ def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: 
     settings = {d.name: values[d.param] for d in INVOCATION.settings()}
     settings |= grid.invocation | given  # flag or variable > file > default
     how = CellRun(out, settings["data_dir"], settings["eval_every"], settings["eval_samples"],
-                  engine, jobs)
+                  engine, jobs, cached_from)
     execute(grid.cells, how, verify_sample, _metric(grid), file_grid(grid))
 
 

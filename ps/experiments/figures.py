@@ -23,7 +23,7 @@ import numpy as np
 
 from common.learn.data import dataset_shape
 from ps.experiments.grid import SCENARIOS
-from ps.plots.style import line_style, pyplot, rule_colour, save
+from ps.plots.style import line_style, pyplot, save
 
 SHORT_TITLES = {"none": "no attack", "gaussian": "Gaussian", "omniscient": "omniscient",
                 "bitflip": "bit-flip", "gambler": "gambler"}
@@ -176,59 +176,74 @@ def _caption(results: list[dict[str, Any]], metric: str) -> str:
 
 
 def q_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str) -> Path | None:
-    """``q-sweep.png``: final accuracy against q under bit-flip, one line per rule."""
+    """``q-sweep.png``: final accuracy against q, one panel per attack swept (bit-flip,
+    the gambler), one line per rule."""
     sweep = [r for r in results if r["figure"] == "q-sweep"]
     if not sweep:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (rule,), runs in _by(sweep, "rule").items():
-        points = sorted(_by(runs, "q").items())
-        qs = [q for (q,), _ in points]
-        finals = [[_finite(r["points"][-1][metric]) for r in group] for _, group in points]
-        ax.errorbar(qs, [np.nanmean(f) for f in finals], yerr=[np.nanstd(f) for f in finals],
-                    capsize=3, label=rule, **line_style(rule))
-    _chance_line(ax, chance(sweep, metric))
-    ax.set_title("q sweep under bit-flip: final accuracy")
-    ax.set_xlabel("q (Byzantine values assumed per coordinate)")
-    ax.set_ylabel(f"final {METRIC_LABELS[metric]}")
-    ax.set_ylim(0, 1)
-    ax.legend()
+    panels = sorted(_by(sweep, "scenario").items(),
+                    key=lambda kv: SCENARIOS.index(kv[0][0]) if kv[0][0] in SCENARIOS else 99)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, ((scenario,), runs) in zip(axes[0], panels, strict=True):
+        for (rule,), rule_runs in _by(runs, "rule").items():
+            points = sorted(_by(rule_runs, "q").items())
+            qs = [q for (q,), _ in points]
+            finals = [[_finite(r["points"][-1][metric]) for r in group] for _, group in points]
+            ax.errorbar(qs, [np.nanmean(f) for f in finals],
+                        yerr=[np.nanstd(f) for f in finals], capsize=3, label=rule,
+                        **line_style(rule))
+        _chance_line(ax, chance(runs, metric))
+        ax.set_title(f"q sweep under {scenario_title(scenario, runs)}", fontsize=9)
+        ax.set_xlabel("q (Byzantine values assumed per coordinate)")
+        ax.set_ylabel(f"final {METRIC_LABELS[metric]}")
+        ax.set_ylim(0, 1)
+        ax.legend()
     fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
     return save(fig, out / "q-sweep.png")
 
 
 def batch_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str
                        ) -> Path | None:
-    """``batch-sweep.png``: accuracy against rounds per batch size (Mean, no attack, lr
-    scaled with the batch), and the final accuracy against the batch size."""
+    """``batch-sweep.png``: without attack, lr scaled with the batch: each rule's final
+    accuracy against the batch size, and its gap to Mean at the same batch size (Mean's
+    final minus its own, paired by seed: the paper's "the gap narrows as the batch
+    grows")."""
     sweep = [r for r in results if r["figure"] == "batch-sweep"]
     if not sweep:
         return None
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    groups = sorted(_by(sweep, "batch_size").items())
-    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(groups)))
-    for ((batch,), runs), colour in zip(groups, colours, strict=True):
-        rounds, values = curves(runs, metric)
-        _plot_rule(left, rounds, values, f"batch {batch}", {"color": colour, "marker": "o"})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    finals: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in sweep:
+        finals[r["rule"]][r["batch_size"]][r["seed"]] = _finite(r["points"][-1][metric])
+    for rule, by_batch in finals.items():
+        batches = sorted(by_batch)
+        values = [list(by_batch[b].values()) for b in batches]
+        left.errorbar(batches, [np.nanmean(v) for v in values],
+                      yerr=[np.nanstd(v) for v in values], capsize=3, label=rule,
+                      **line_style(rule))
+        if rule == "mean" or "mean" not in finals:
+            continue
+        shared = [b for b in batches if b in finals["mean"]]
+        gaps = [[finals["mean"][b][s] - by_batch[b][s] for s in by_batch[b]
+                 if s in finals["mean"][b]] for b in shared]
+        right.errorbar(shared, [np.nanmean(g) for g in gaps],
+                       yerr=[np.nanstd(g) for g in gaps], capsize=3, label=rule,
+                       **line_style(rule))
     _chance_line(left, chance(sweep, metric))
-    left.set_title("Mean without attack, lr = base lr × batch / base batch")
-    left.set_xlabel("round")
-    left.set_ylabel(METRIC_LABELS[metric])
+    right.axhline(0.0, color="grey", linewidth=0.8)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (lr = base lr × batch / base batch)")
+    left.set_title("final accuracy without attack")
+    left.set_ylabel(f"final {METRIC_LABELS[metric]}")
     left.set_ylim(0, 1)
-    left.legend(loc="lower right")
-    batches = [b for (b,), _ in groups]
-    finals = [[_finite(r["points"][-1][metric]) for r in runs] for _, runs in groups]
-    right.errorbar(batches, [np.nanmean(f) for f in finals],
-                   yerr=[np.nanstd(f) for f in finals], marker="o", capsize=3,
-                   color=rule_colour("mean"))
-    _chance_line(right, chance(sweep, metric))
-    right.set_xscale("log", base=2)
-    fig.suptitle(run_caption(sweep), fontsize=9)
-    right.set_title("final accuracy against batch size")
-    right.set_xlabel("batch size")
-    right.set_ylabel(f"final {METRIC_LABELS[metric]}")
+    left.legend(fontsize=8, ncol=2)
+    right.set_title("gap to Mean at the same batch size (Mean − rule, paired by seed)")
+    right.set_ylabel(f"difference of final {METRIC_LABELS[metric]}")
+    right.legend(fontsize=8, ncol=2)
+    fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
     return save(fig, out / "batch-sweep.png")
 
 

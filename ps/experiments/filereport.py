@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,13 +69,15 @@ def _spread_text(mean: float, std: float, seeds: int) -> str:
 
 @dataclass
 class WorstCase:
-    """A row's worst case over ``worst_over`` at one column (and one panel)."""
+    """A row's worst case over ``worst_over`` at one column (and one panel): per seed the
+    lowest final over the values of ``worst_over``, then the mean and spread of those
+    minima over seeds (a minimum of means would be biased up)."""
 
     mean: float  # NaN: a seed diverged
     std: float
     seeds: int
-    where: str  # the value of the worst_over axis that gives it
-    runs: list[dict[str, Any]]  # its cells, one per seed
+    where: str  # the value of the worst_over axis that is the worst on most seeds
+    runs: list[dict[str, Any]]  # its cells, one per seed (its curves)
     ties: list[str] | None = None  # values not ranked apart from it (None: one seed)
 
 
@@ -83,31 +85,40 @@ def worst_cases(results: list[dict[str, Any]], metric: str, axes: ReportAxes,
                 others: tuple[str, ...]
                 ) -> dict[tuple[str, ...], dict[tuple[str, str], WorstCase]]:
     """panel (the values of ``others``) -> (row, column) -> the worst case over
-    ``axes.worst_over`` of the mean final ``metric`` over seeds (a diverged one is the
-    worst)."""
+    ``axes.worst_over``: per seed the lowest final ``metric`` over its values (a diverged
+    one, NaN, the lowest), over the seeds every value ran; the value worst on most seeds
+    (ties: the lowest mean) names it."""
     grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         grouped[(tuple(axis_value(r, a) for a in others), axis_value(r, axes.rows),
                  axis_value(r, axes.columns), axis_value(r, axes.worst_over))].append(r)
-    out: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]] = defaultdict(dict)
-    finals: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
+    cells: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
     for (panel, row, column, where), runs in grouped.items():
-        finals[(panel, row, column)][where] = [final(r, metric) for r in runs]
-        mean, std = _spread(finals[(panel, row, column)][where])
-        case = WorstCase(mean, std, len(runs), where, runs)
-        previous = out[panel].get((row, column))
-        if previous is None or _worse(case, previous):
-            out[panel][(row, column)] = case
-    for panel, table in out.items():
-        for (row, column), case in table.items():
-            values = finals[(panel, row, column)]
-            case.ties = ties(values[case.where], {w: v for w, v in values.items()
-                                                  if w != case.where})
+        cells[(panel, row, column)][where] = runs
+    out: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]] = defaultdict(dict)
+    for (panel, row, column), by_where in cells.items():
+        out[panel][(row, column)] = _worst_case(by_where, metric)
     return dict(out)
 
 
-def _worse(a: WorstCase, b: WorstCase) -> bool:
-    return (math.isnan(a.mean) and not math.isnan(b.mean)) or a.mean < b.mean
+def _worst_case(by_where: dict[str, list[dict[str, Any]]], metric: str) -> WorstCase:
+    """The worst case over ``by_where``'s values (each its runs, one per seed)."""
+    per_seed = {w: {r.get("seed", i): final(r, metric) for i, r in enumerate(runs)}
+                for w, runs in by_where.items()}  # (without seeds: by position)
+    seeds = set.intersection(*(set(v) for v in per_seed.values()))
+    lows = [min((v[s] for v in per_seed.values()), key=_low) for s in sorted(seeds, key=str)]
+    worst_on = Counter(min(per_seed, key=lambda w: _low(per_seed[w][s])) for s in seeds)
+    means = {w: statistics.fmean(map(_low, v.values())) for w, v in per_seed.items()}
+    where = min(per_seed, key=lambda w: (-worst_on[w], means[w]))
+    mean, std = _spread(lows)
+    values = {w: [per_seed[w][s] for s in sorted(seeds, key=str)] for w in per_seed}
+    return WorstCase(mean, std, len(lows), where, by_where[where],
+                     ties(values[where], {w: v for w, v in values.items() if w != where}))
+
+
+def _low(value: float) -> float:
+    """A diverged final (NaN) ranks below every other."""
+    return -math.inf if math.isnan(value) else value
 
 
 def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, ...]:

@@ -2,18 +2,18 @@
 (``heterogeneity.toml``, or any grid with the cells a claim reads), split by split.
 
 Each claim reads final accuracies (the metric at the last round, over seeds) by defence,
-split (the partition with its alpha), worker momentum and attack, and is decided by the
-margin rule of :mod:`ps.experiments.claims` (``MARGIN_SE`` standard errors of a
-difference over seeds): it *holds* on a split when every comparison it makes holds,
+split (the partition with its alpha), worker momentum and attack, and is decided as in
+:mod:`ps.experiments.claims` (the 95 % Student-t interval of a difference paired by
+seed): it *holds* on a split when every comparison it makes holds,
 *differs* when one fails, is *inconclusive* otherwise and *not run* where a cell it reads
-is missing. A defence's *worst case* is its lowest mean final over the attacks run
-against it (``none`` excluded), with that attack's seeds as its spread.
+is missing. A defence's *worst case* is, per seed, its lowest final over the attacks run
+against it (``none`` excluded), then those minima over seeds.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,11 +40,10 @@ Key = tuple[str, str, float, str]  # defence, split, momentum, attack
 
 class Finals:
     """Final ``metric`` per (defence, split, momentum, attack), one value per seed (a
-    diverged run counts as 0)."""
+    diverged run counts as 0), paired by seed across cells."""
 
     def __init__(self, results: list[dict[str, Any]], metric: str) -> None:
-        self.values: dict[Key, list[float]] = defaultdict(list)
-        seeds: dict[Key, set[int | None]] = defaultdict(set)  # None: a cell without one
+        self.values: dict[Key, dict[int | None, float]] = defaultdict(dict)
         self.pooled: set[Key] = set()  # keys whose cells differ on another axis
         for r in results:
             if "partition" not in r.get("axes", {}):
@@ -52,10 +51,9 @@ class Finals:
             value = final(r, metric)
             key = (r["defence"], heterogeneity(r["axes"]), float(r["worker_momentum"]),
                    r["scenario"])
-            if r.get("seed") in seeds[key]:
+            if r.get("seed") in self.values[key]:
                 self.pooled.add(key)
-            seeds[key].add(r.get("seed"))
-            self.values[key].append(0.0 if math.isnan(value) else value)
+            self.values[key][r.get("seed")] = 0.0 if math.isnan(value) else value
         for key in self.pooled:
             del self.values[key]
         self.splits = list(dict.fromkeys(k[1] for k in self.values))
@@ -64,7 +62,8 @@ class Finals:
         return (defence, split, momentum, attack) in self.values
 
     def of(self, defence: str, split: str, momentum: float, attack: str) -> Sample:
-        return Sample.of(self.values[(defence, split, momentum, attack)])
+        return Sample.of({_seed(s): v for s, v in
+                          self.values[(defence, split, momentum, attack)].items()})
 
     def attacks(self, defence: str, split: str, momentum: float,
                 among: tuple[str, ...] | None = None) -> list[str]:
@@ -74,12 +73,24 @@ class Finals:
 
     def worst(self, defence: str, split: str, momentum: float,
               among: tuple[str, ...] | None = None) -> tuple[str, Sample] | None:
-        """The attack with the lowest mean final against ``defence``, and its sample."""
+        """``defence``'s worst case: per seed its lowest final over the attacks, over the
+        seeds every attack ran (a minimum of means would be biased up); named after the
+        attack worst on most seeds (ties: the lowest mean)."""
         found = self.attacks(defence, split, momentum, among)
         if not found:
             return None
-        attack = min(found, key=lambda a: self.of(defence, split, momentum, a).mean)
-        return attack, self.of(defence, split, momentum, attack)
+        per_attack = {a: self.of(defence, split, momentum, a) for a in found}
+        seeds = set.intersection(*(set(s.values or {}) for s in per_attack.values()))
+        lows = {s: min((p.values or {})[s] for p in per_attack.values()) for s in seeds}
+        worst_on = Counter(min(found, key=lambda a: (per_attack[a].values or {})[s])
+                           for s in seeds)
+        attack = min(found, key=lambda a: (-worst_on[a], per_attack[a].mean))
+        return attack, Sample.of(lows)
+
+
+def _seed(seed: int | None) -> int:
+    """A cell without a seed is seed 0."""
+    return 0 if seed is None else seed
 
 
 @dataclass(frozen=True)

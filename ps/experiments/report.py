@@ -19,7 +19,6 @@ from ps.experiments.claims import (
     FAIL_MARGIN,
     HOLDS,
     INCONCLUSIVE,
-    MARGIN_SE,
     NEAR,
     NOT_RUN,
     Measures,
@@ -139,11 +138,14 @@ def _claims(results: list[dict[str, Any]], metric: str) -> list[str]:
              "Thresholds (`ps/experiments/claims.py`): fails = final below chance + "
              f"{FAIL_MARGIN}; converges = final ≥ {CONVERGED} × Mean's without attack; ~ = "
              f"within {CLOSE}; close = within {NEAR}; speed = mean {metric} over all "
-             f"evaluations (area under the curve). Margin rule: a difference of means (or "
-             f"of a mean and a threshold) decides only beyond {MARGIN_SE:g} standard errors "
-             "of the difference, SE = √(s₁²/n₁ + s₂²/n₂) over seeds; inside it, or with a "
-             "single seed (no spread), the claim is inconclusive. Numbers: mean over seeds "
-             f"± {MARGIN_SE:g} standard errors.", "",
+             "evaluations (area under the curve). Every rule runs on the same seeds, so "
+             "each comparison is paired by seed: the 95 % Student-t interval of the mean "
+             "difference over the seeds both sides share decides it when it excludes 0 (an "
+             "equivalence: when it lies inside ±the tolerance); otherwise, or with a single "
+             "seed, it is inconclusive. A claim holds when all its comparisons hold (5 % "
+             "each, no correction for the page's many claims: a decisive verdict whose "
+             "interval ends near its bound may be a chance finding). Numbers: mean over "
+             "seeds ± half its 95 % interval; a difference: mean [95 % interval].", "",
              "| scenario | the paper says | here | numbers |", "|---|---|---|---|"]
     for claim, verdict in verdicts:
         mark = {HOLDS: "holds", DIFFERS: "**differs**", INCONCLUSIVE: "inconclusive",
@@ -160,13 +162,13 @@ def _sweeps(results: list[dict[str, Any]], metric: str) -> list[str]:
         sweep = [r for r in results if r["figure"] == figure]
         if not sweep:
             continue
-        grouped: dict[tuple[str, int], list[float]] = defaultdict(list)
+        grouped: dict[tuple[str, str, int], list[float]] = defaultdict(list)
         for r in sweep:
-            grouped[(r["rule"], r[axis])].append(r["points"][-1][metric])
+            grouped[(r["scenario"], r["rule"], r[axis])].append(r["points"][-1][metric])
         lines += ["", f"## {figure}: final {metric} by {axis}", "",
-                  f"| rule | {axis} | {metric} |", "|---|---|---|"]
-        lines += [f"| {rule} | {x} | {_cell_text(v)} |"
-                  for (rule, x), v in sorted(grouped.items())]
+                  f"| attack | rule | {axis} | {metric} |", "|---|---|---|---|"]
+        lines += [f"| {scenario} | {rule} | {x} | {_cell_text(v)} |"
+                  for (scenario, rule, x), v in sorted(grouped.items())]
     return lines
 
 

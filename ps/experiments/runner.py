@@ -4,7 +4,10 @@ real processes (``--engine cluster``), one cluster at a time. Cached either way.
 
 A finished cell is a JSON file ``cells/<key>.json`` (``cells/cluster-<key>.json``) in
 the output directory, written atomically when the cell ends; a grid run again (after an
-interruption, or with more seeds) computes only the cells that have none.
+interruption, or with more seeds) computes only the cells that have none. The runs of a
+published results folder (``--cached-from docs/results/paper``: its ``results.jsonl.gz``,
+in git) fill the cache too, so a grid grown by seeds or sweeps resumes from it in a fresh
+clone.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class CellRun:
     eval_samples: int | None
     engine: str = "reference"  # or "cluster"
     jobs: int = 2  # cells at once (reference engine; a cluster uses every core itself)
+    cached_from: tuple[Path, ...] = ()  # results folders whose runs fill the cache
 
 
 def cell_path(out: Path, cell: Cell, engine: str = "reference") -> Path:
@@ -131,6 +135,9 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
               ) -> list[dict[str, Any]]:
     """Every cell's result: cached ones read, the others computed (and cached)."""
     cells = list(cells)
+    for directory in how.cached_from:
+        taken = fill_cache(how.out, directory, cells, how.engine)
+        progress(f"{directory}: {taken} runs of this grid taken into {how.out / CELLS_DIR}")
     results: dict[str, dict[str, Any]] = {}
     todo: dict[str, Cell] = {}  # by key: a cell of two figures runs once
     for cell in cells:
@@ -155,6 +162,32 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
                  f"{result['points'][-1]['top1']:.3f} ({result['seconds']:.0f} s)")
     _write_events(how.out, cells, results)
     return [{**results[c.key], **c.tags()} for c in cells]
+
+
+# what a results line holds beside a run's own record (``Cell.tags``: the figure may be
+# another one that shares the run)
+TAG_KEYS = ("figure", "num_workers", "num_byzantine", "num_shards")
+
+
+def fill_cache(out: Path, directory: Path, cells: Sequence[Cell],
+               engine: str = "reference") -> int:
+    """Write the runs in ``directory``'s results (``ps.experiments.rebuild.read_results``)
+    that are cells of ``cells`` on ``engine`` into ``out``'s cache, unless cached there
+    already; how many. ``ConfigError`` if ``directory`` holds no results."""
+    from ps.experiments.rebuild import read_results
+
+    wanted = {c.key: c for c in cells}
+    (out / CELLS_DIR).mkdir(parents=True, exist_ok=True)
+    taken = 0
+    for record in read_results(directory):
+        cell = wanted.get(record.get("key", ""))
+        if cell is None or record.get("engine", "reference") != engine \
+                or load_cell(out, cell, engine) is not None:
+            continue
+        run = {k: v for k, v in record.items() if k not in TAG_KEYS}
+        _write_atomically(cell_path(out, cell, engine), {**run, "figure": cell.figure})
+        taken += 1
+    return taken
 
 
 def _write_events(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]]) -> None:

@@ -1,8 +1,12 @@
-"""The verdicts on the paper's claims (``ps/experiments/claims.py``): the margin rule
-(a difference decides only beyond ``MARGIN_SE`` standard errors over seeds), and each
-claim holding, differing and inconclusive on constructed results."""
+"""The verdicts on the paper's claims (``ps/experiments/claims.py``): comparisons paired
+by seed with 95 % Student-t intervals, and each claim holding, differing and
+inconclusive on constructed results."""
 
 from __future__ import annotations
+
+import math
+import random
+import zlib
 
 import pytest
 
@@ -12,12 +16,14 @@ from ps.experiments.claims import (
     HOLDS,
     INCONCLUSIVE,
     NOT_RUN,
+    PAPER,
     Measures,
     Sample,
     below,
     every,
     fixed,
     judge,
+    t975,
     ties,
     ties_text,
     within,
@@ -26,7 +32,8 @@ from ps.experiments.filereport import report_others, worst_cases
 from ps.experiments.gridfile import GridFile, ReportAxes
 from ps.experiments.modern import modern_tables
 
-TIGHT = 0.002  # the seeds' offsets from the cell's mean: -TIGHT, 0, +TIGHT
+TIGHT = 0.002  # the seeds' offsets from the cell's mean: about -TIGHT, 0, +TIGHT, each
+# cell's own (a difference paired by seed has a spread too)
 
 # (rule, scenario) -> (final, speed): a grid where every claim of the paper holds
 HOLDING: dict[tuple[str, str], tuple[float, float]] = {
@@ -46,46 +53,87 @@ HOLDING: dict[tuple[str, str], tuple[float, float]] = {
         "marmed": 0.88, "meamed": 0.89}.items()},
     **{(r, "gambler"): (v, 0.7) for r, v in {
         "mean": 0.1, "medoid": 0.1, "krum": 0.1, "multikrum": 0.1, "geomed": 0.1,
-        "marmed": 0.86, "meamed": 0.87}.items()},
+        "marmed": 0.875, "meamed": 0.865}.items()},
     **{(r, f"q={q}"): (0.1, 0.1) for r in ("krum", "multikrum") for q in (2, 4)},
+    ("meamed", "gambler q=2"): (0.1, 0.1),
+    # the batch sweep: each rule's gap to Mean 0.04 at batch 8, 0.01 at 128
+    **{(r, f"batch={b}"): (final, final) for r in PAPER for b, final in (
+        (8, 0.86 if r == "mean" else 0.82), (128, 0.90 if r == "mean" else 0.89))},
 }
 
 
-def results(cells: dict[tuple[str, str], tuple[float, float]],
+def results(cells: dict[tuple[str, str], tuple[float, ...]],
             offsets: tuple[float, ...] = (-TIGHT, 0.0, TIGHT)) -> list[dict]:
     """One record per seed: two evaluations whose mean is the speed, the last the
-    final; ``(rule, "q=Q")`` is a q-sweep cell under bit-flip."""
+    final; ``(rule, "q=Q")`` is a q-sweep cell under bit-flip, ``(rule, "gambler q=Q")``
+    one under the gambler, ``(rule, "batch=B")`` a batch-sweep cell. A third number
+    spreads that cell's seeds so many times wider."""
     out = []
-    for (rule, scenario), (final, speed) in cells.items():
-        for seed, d in enumerate(offsets):
+    for (rule, scenario), (final, speed, *wider) in cells.items():
+        spread = wider[0] if wider else 1
+        rng = random.Random(zlib.crc32(f"{rule}/{scenario}".encode()))
+        jitter = [rng.uniform(-TIGHT / 2, TIGHT / 2) for _ in offsets]
+        jitter = [j - sum(jitter) / len(jitter) for j in jitter]  # the cell's mean kept
+        for seed, d in enumerate(spread * (o + j)
+                                 for o, j in zip(offsets, jitter, strict=True)):
             points = [{"round": 0, "top1": 2 * speed - final + d},
                       {"round": 1, "top1": final + d}]
-            if scenario.startswith("q="):
-                out.append({"figure": "q-sweep", "rule": rule, "scenario": "bitflip",
-                            "q": int(scenario[2:]), "seed": seed, "points": points})
+            if "q=" in scenario:
+                where, _, q = scenario.rpartition("q=")
+                out.append({"figure": "q-sweep", "rule": rule,
+                            "scenario": where.strip() or "bitflip",
+                            "q": int(q), "seed": seed, "points": points})
+            elif scenario.startswith("batch="):
+                out.append({"figure": "batch-sweep", "rule": rule, "scenario": "none",
+                            "q": 8, "batch_size": int(scenario[6:]), "seed": seed,
+                            "points": points})
             else:
                 out.append({"figure": "paper", "rule": rule, "scenario": scenario,
                             "q": 8, "seed": seed, "points": points})
     return out
 
 
-def test_below_decides_only_beyond_the_margin() -> None:
+def test_below_decides_by_the_interval_of_the_difference_paired_by_seed() -> None:
     assert below(Sample.of([0.5, 0.51, 0.52]), Sample.of([0.7, 0.71, 0.72])) is True
     assert below(Sample.of([0.7, 0.71, 0.72]), Sample.of([0.5, 0.51, 0.52])) is False
-    # the same means 0.51 and 0.53, tight then wide seeds: decided, then inconclusive
-    assert below(Sample.of([0.509, 0.51, 0.511]), Sample.of([0.529, 0.53, 0.531])) is True
-    assert below(Sample.of([0.46, 0.51, 0.56]), Sample.of([0.48, 0.53, 0.58])) is None
+    # means 0.51 and 0.53 over seeds that vary widely: when each seed moves both alike
+    # the difference is 0.02 every time, decided; when not, inconclusive
+    assert below(Sample.of([0.46, 0.51, 0.56]), Sample.of([0.48, 0.53, 0.58])) is True
+    assert below(Sample.of([0.46, 0.51, 0.56]), Sample.of([0.58, 0.48, 0.53])) is None
     # a single seed has no spread: inconclusive whatever the difference
     assert below(Sample.of([0.1]), fixed(0.9)) is None
     assert below(fixed(0.1), Sample.of([0.9])) is None
 
 
+def test_only_the_seeds_both_sides_share_are_paired() -> None:
+    a = Sample.of({0: 0.5, 1: 0.52, 2: 0.51, 7: 0.9})
+    b = Sample.of({0: 0.6, 1: 0.61, 2: 0.62, 8: 0.1})
+    assert (a - b).values == pytest.approx({0: -0.1, 1: -0.09, 2: -0.11})
+    assert below(a, b) is True
+    assert below(Sample.of({0: 0.5, 1: 0.6}), Sample.of({2: 0.9, 3: 0.95})) is None
+
+
+def test_the_interval_uses_students_t_over_k_minus_1_degrees_of_freedom() -> None:
+    values = [0.80, 0.82, 0.84, 0.86, 0.88]
+    sample = Sample.of(values)
+    assert sample.half_width == pytest.approx(2.776 * 0.0316228 / math.sqrt(5), rel=1e-4)
+    assert sample.text() == "0.840 ± 0.039"
+    assert Sample.of([0.8]).text() == "0.800 (1 seed)"
+    assert (Sample.of([0.8, 0.9]) - fixed(0.8)).difference_text() == "+0.050 [-0.585, +0.685]"
+
+
 def test_within_is_an_equivalence_test() -> None:
     a = Sample.of([0.899, 0.9, 0.901])
-    assert within(a, Sample.of([0.889, 0.89, 0.891]), 0.02) is True
-    assert within(a, Sample.of([0.849, 0.85, 0.851]), 0.02) is False
-    assert within(a, Sample.of([0.879, 0.88, 0.881]), 0.02) is None  # gap = tolerance
+    assert within(a, Sample.of([0.891, 0.889, 0.89]), 0.02) is True
+    assert within(a, Sample.of([0.851, 0.849, 0.85]), 0.02) is False
+    assert within(a, Sample.of([0.881, 0.879, 0.88]), 0.02) is None  # gap = tolerance
     assert within(a, Sample.of([0.9]), 0.02) is None
+
+
+@pytest.mark.parametrize("df,exact", [(1, 12.7062), (4, 2.7764), (9, 2.2622), (30, 2.0423),
+                                      (40, 2.0211), (60, 2.0003), (120, 1.9799)])
+def test_t975_matches_the_t_distribution(df: int, exact: float) -> None:
+    assert t975(df) == pytest.approx(exact, abs=1e-3)
 
 
 def test_every_is_kleenes_and() -> None:
@@ -146,6 +194,21 @@ CHANGES: dict[tuple[str, str], tuple[dict, dict]] = {
         {("meamed", "gambler"): (0.1, 0.1)}, {("meamed", "gambler"): (0.81, 0.7)}),
     ("gambler", "MarMed and MeaMed slightly slower than Mean without attack"): (
         {("marmed", "gambler"): (0.86, 0.9)}, {("marmed", "gambler"): (0.85, 0.7)}),
+    ("gaussian", "Multi-Krum and MarMed slightly slower (than GeoMed and MeaMed)"): (
+        {("marmed", "gaussian"): (0.88, 0.85)}, {("marmed", "gaussian"): (0.88, 0.80)}),
+    ("omniscient", "Multi-Krum not as good as MeaMed"): (
+        {("multikrum", "omniscient"): (0.92, 0.78)},
+        {("multikrum", "omniscient"): (0.90, 0.78)}),
+    ("gambler", "MarMed slightly better than MeaMed"): (
+        {("marmed", "gambler"): (0.85, 0.7)}, {("marmed", "gambler"): (0.865, 0.7)}),
+    ("gambler", "MeaMed fails at q = 2"): (
+        {("meamed", "gambler q=2"): (0.8, 0.8)}, {("meamed", "gambler q=2"): (0.2, 0.2)}),
+    ("all", "MeaMed performs best in almost all the cases"): (
+        {("geomed", "gaussian"): (0.95, 0.8)},  # beaten under Gaussian and the gambler
+        # 0.005 below the best under Gaussian, over seeds ten times as spread: not ranked
+        {("meamed", "gaussian"): (0.895, 0.79, 10)}),
+    ("batch sweep", "the gap to Mean narrows as the batch grows"): (
+        {("krum", "batch=128"): (0.80, 0.80)}, {("krum", "batch=128"): (0.86, 0.86)}),
 }
 
 
@@ -177,14 +240,16 @@ def test_a_rule_that_does_not_survive_is_not_the_worst_survivor() -> None:
 
 def test_a_scaled_or_shifted_mean_keeps_its_error() -> None:
     a = Sample.of([0.8, 0.9, 1.0])
-    assert (a * 0.5).se == pytest.approx(a.se / 2)
+    assert (a * 0.5).half_width == pytest.approx(a.half_width / 2)
     assert (a + fixed(-0.05)).mean == pytest.approx(0.85)
-    assert (a + fixed(-0.05)).se == pytest.approx(a.se)
+    assert (a + fixed(-0.05)).half_width == pytest.approx(a.half_width)
 
 
 def test_a_worst_case_names_what_it_is_not_ranked_apart_from() -> None:
     worst = [0.50, 0.51, 0.52]
-    assert ties(worst, {"a": [0.8, 0.81, 0.82], "b": [0.51, 0.52, 0.53]}) == ["b"]
+    # b is above by 0.01 on average but not on every seed (paired by position)
+    assert ties(worst, {"a": [0.8, 0.81, 0.82], "b": [0.53, 0.50, 0.53]}) == ["b"]
+    assert ties(worst, {"b": [0.51, 0.52, 0.53]}) == []  # above on every seed alike
     assert ties(worst, {"a": [0.8, 0.81, 0.82]}) == []
     assert ties([0.5], {"a": [0.9]}) is None  # one seed: nothing ranked
     assert ties([float("nan")] * 2, {"a": [0.01, 0.01]}) == []  # diverged: 0, the worst
@@ -197,7 +262,7 @@ def _modern(defence: str, attack: str, finals: list[float]) -> list[dict]:
 
 
 def test_the_modern_table_shows_the_attacks_tied_with_the_worst() -> None:
-    results = (_modern("krum", "alie", [0.50, 0.52]) + _modern("krum", "ipm", [0.51, 0.53])
+    results = (_modern("krum", "alie", [0.50, 0.52]) + _modern("krum", "ipm", [0.53, 0.51])
                + _modern("krum", "inf", [0.90, 0.91]))
     table = "\n".join(modern_tables(results, "top1", ("alie", "ipm", "inf")))
     assert "| 0.510 (alie; ~ ipm) |" in table
@@ -207,7 +272,7 @@ def test_a_grid_files_worst_case_keeps_its_ties() -> None:
     axes = ReportAxes("rule", "worker-momentum", "worker-attack")
     results = [{"axes": {"rule": "krum", "worker-momentum": 0.9, "worker-attack": attack},
                 "defence": "krum", "points": [{"top1": v}]}
-               for attack, values in (("alie", [0.5, 0.52]), ("ipm", [0.51, 0.53]),
+               for attack, values in (("alie", [0.5, 0.52]), ("ipm", [0.53, 0.51]),
                                       ("inf", [0.9, 0.91])) for v in values]
     (table,) = worst_cases(results, "top1", axes, ()).values()
     case = table[("krum", "0.9")]
@@ -227,3 +292,14 @@ def test_the_heterogeneity_axis_names_each_split_with_its_parameter() -> None:
     (table,) = worst_cases(results, "top1", axes, ()).values()
     assert {column: case.where for (_, column), case in table.items()} == {
         "iid": "ipm", "dirichlet α=1": "ipm", "dirichlet α=0.1": "alie"}
+
+
+def test_a_grid_files_worst_case_is_per_seed_then_over_seeds() -> None:
+    axes = ReportAxes("rule", "worker-momentum", "worker-attack")
+    results = [{"axes": {"rule": "krum", "worker-momentum": 0.9, "worker-attack": attack},
+                "defence": "krum", "seed": seed, "points": [{"top1": v}]}
+               for attack, values in (("alie", [0.5, 0.9, 0.5]), ("ipm", [0.9, 0.5, 0.9]))
+               for seed, v in enumerate(values)]
+    (table,) = worst_cases(results, "top1", axes, ()).values()
+    case = table[("krum", "0.9")]
+    assert (case.where, case.mean, case.std, case.seeds) == ("alie", 0.5, 0.0, 3)

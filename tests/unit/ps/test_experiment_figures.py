@@ -61,3 +61,23 @@ def test_a_cell_records_its_n_f_and_s() -> None:
     tags = {c.scenario: c.tags() for c in cells}
     assert tags["none"]["num_byzantine"] == 0 and tags["gaussian"]["num_byzantine"] == 2
     assert tags["gaussian"]["num_workers"] == 7 and tags["gambler"]["num_shards"] == 20
+
+
+def test_the_sweeps_draw_a_panel_per_attack_and_every_rules_gap_to_mean(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    saved: dict[str, object] = {}
+    monkeypatch.setattr(figures, "save", lambda fig, path: saved.setdefault(path.name, fig)
+                        and path)
+    q_runs = [{**_run(rule, scenario, s), "figure": "q-sweep", "q": q}
+              for scenario in ("bitflip", "gambler") for rule in ("krum", "meamed")
+              for q in (2, 8) for s in (0, 1)]
+    batch_runs = [{**_run(rule, "none", s), "figure": "batch-sweep", "batch_size": b}
+                  for rule in ("mean", "krum") for b in (8, 128) for s in (0, 1)]
+    figures.q_sweep_figure(tmp_path, q_runs, "top1")
+    figures.batch_sweep_figure(tmp_path, batch_runs, "top1")
+    q_axes = saved["q-sweep.png"].axes  # type: ignore[attr-defined]
+    assert [a.get_title().split(" under ")[1].split(" ")[0] for a in q_axes] == [
+        "bit-flip", "gambler"]
+    finals, gaps = saved["batch-sweep.png"].axes  # type: ignore[attr-defined]
+    assert {t.get_text() for t in finals.get_legend().get_texts()} >= {"mean", "krum"}
+    assert [t.get_text() for t in gaps.get_legend().get_texts()] == ["krum"]

@@ -3,6 +3,8 @@ inconclusive or not run as the numbers say, split by split."""
 
 from __future__ import annotations
 
+import pytest
+
 from ps.experiments.claims import DIFFERS, HOLDS, INCONCLUSIVE, NOT_RUN
 from ps.experiments.heteroclaims import (
     NOT_APPLICABLE,
@@ -125,3 +127,14 @@ def test_runs_that_differ_on_another_axis_are_not_pooled_into_seeds() -> None:
             results.append({**r, "axes": {**r["axes"], "lr": lr}})
     lines = hetero_claim_lines(results, "top1")
     assert any(line.startswith("Not checked: 2 ") for line in lines)
+
+
+def test_the_worst_case_is_the_lowest_final_of_each_seed_then_over_seeds() -> None:
+    """Two attacks each worst on another seed: the minimum of their means (0.7) would
+    hide that every seed lost to one of them (0.5)."""
+    split = "dirichlet α=0.1"
+    alie = _runs("krum", split, "alie", 0.7, (-0.2, 0.2, -0.2))
+    ipm = _runs("krum", split, "ipm", 0.7, (0.2, -0.2, 0.2))
+    attack, sample = _finals(alie, ipm).worst("krum", split, 0.9)
+    assert sample.values == pytest.approx({0: 0.5, 1: 0.5, 2: 0.5})
+    assert attack == "alie"  # worst on two seeds of three

@@ -1,0 +1,51 @@
+"""``--cached-from``: the runs of a published results folder fill a grid's cache, so a
+grid grown by seeds or sweeps computes only its new cells."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from ps.experiments.grid import GridSpec, paper_cells
+from ps.experiments.report import write_results
+from ps.experiments.runner import CellRun, fill_cache, load_cell, run_cells
+
+
+def _published(directory: Path, cells, engine: str | None = None) -> None:
+    """A results folder holding a made-up run of each of ``cells``."""
+    directory.mkdir()
+    records = [{"key": c.key, **({"engine": engine} if engine else {}), "scenario": c.scenario,
+                "rule": c.rule, "seed": c.seed, "params_sha256": "ab" * 32, "seconds": 1.0,
+                **c.tags(), "points": [{"round": 0, "top1": 0.1, "top3": 0.3, "loss": 2.0},
+                                       {"round": 4, "top1": 0.8, "top3": 0.9, "loss": 0.5}]}
+               for c in cells]
+    path = write_results(directory, records)
+    (directory / "results.jsonl.gz").write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+
+
+def test_a_grid_grown_by_a_seed_computes_only_the_new_seeds_cells(tmp_path: Path) -> None:
+    spec = GridSpec(dataset="synthetic", rounds=4, num_workers=4, rules=("mean", "marmed"),
+                    scenarios=("none",), sweeps=False)
+    old = paper_cells(GridSpec(**{**spec.__dict__, "seeds": 1}))
+    grown = paper_cells(GridSpec(**{**spec.__dict__, "seeds": 2}))
+    _published(tmp_path / "published", old)
+    out = tmp_path / "out"
+    assert fill_cache(out, tmp_path / "published", grown) == len(old)
+    assert fill_cache(out, tmp_path / "published", grown) == 0  # already there
+    cached = load_cell(out, old[0])
+    assert cached is not None and cached["points"][-1]["top1"] == 0.8
+    assert "num_workers" not in cached  # a cell's tags are not its run's
+    lines: list[str] = []
+    results = run_cells(grown, CellRun(out, None, 2, None, jobs=1,
+                                       cached_from=(tmp_path / "published",)), lines.append)
+    assert f"{len(old)} cached, {len(grown) - len(old)} to run" in lines[1]
+    assert [r["seed"] for r in results] == [c.seed for c in grown]
+    assert {r["params_sha256"] for r in results if r["seed"] == 0} == {"ab" * 32}
+
+
+def test_runs_of_another_engine_are_not_taken(tmp_path: Path) -> None:
+    cells = paper_cells(GridSpec(dataset="synthetic", rounds=4, num_workers=4, seeds=1,
+                                 rules=("mean",), scenarios=("none",), sweeps=False))
+    _published(tmp_path / "published", cells, engine="cluster")
+    assert fill_cache(tmp_path / "out", tmp_path / "published", cells) == 0
