@@ -14,6 +14,7 @@ from pathlib import Path
 from common.learn.data import (
     cifar10,
     idx,
+    mnist5k,
     synthetic,
 )
 from common.learn.data.base import (
@@ -35,7 +36,7 @@ from common.learn.data.sampling import (
 )
 
 CATALOGUE = (
-    cifar10, idx, synthetic,
+    cifar10, idx, mnist5k, synthetic,
 )
 
 

@@ -180,8 +180,8 @@ def test_missing_directory_is_reported(tmp_path: Path) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid: cifar10"):
         load_dataset("imagenet")
-    assert set(dataset_names()) == {"fashion-mnist", "mnist", "cifar10", "synthetic",
-                                    "synthetic-cifar"}
+    assert set(dataset_names()) == {"fashion-mnist", "mnist", "mnist-5k", "cifar10",
+                                    "synthetic", "synthetic-cifar"}
 
 
 @pytest.mark.skipif(

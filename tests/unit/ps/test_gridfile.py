@@ -121,6 +121,14 @@ def test_the_shipped_paper_grid_has_the_cells_of_ps_experiment_paper() -> None:
     assert len(ours) == len({c.key for c in theirs})
 
 
+@pytest.mark.parametrize("name,dataset", [("mnist", "mnist-5k"), ("cifar10", "cifar10")])
+def test_the_shipped_dataset_grids_are_the_papers_main_grid_on_their_dataset(
+        name: str, dataset: str) -> None:
+    ours = load_grid(shipped()[name]).cells
+    theirs = paper_cells(GridSpec.for_dataset(dataset, sweeps=False))
+    assert sorted(c.key for c in ours) == sorted(c.key for c in theirs)
+
+
 def test_the_shipped_modern_grid_has_the_cells_of_ps_experiment_modern() -> None:
     ours = load_grid(shipped()["modern"]).cells
     theirs = modern_cells(ModernSpec(GridSpec(rounds=MODERN_ROUNDS, sweeps=False)))
@@ -131,7 +139,7 @@ def test_grids_lists_and_prints_the_shipped_files() -> None:
     listed = CliRunner().invoke(main, ["grids"])
     assert listed.exit_code == 0
     assert [line.split("\t")[0] for line in listed.output.splitlines()] == [
-        "heterogeneity", "modern", "paper"]
+        "cifar10", "heterogeneity", "mnist", "modern", "paper"]
     printed = CliRunner().invoke(main, ["grids", "paper"])
     assert printed.output == shipped()["paper"].read_text()
     assert CliRunner().invoke(main, ["grids", "nope"]).exit_code == 2
