@@ -30,6 +30,8 @@ SHORT_TITLES = {"none": "no attack", "gaussian": "Gaussian", "omniscient": "omni
 METRIC_LABELS = {"top1": "test top-1 accuracy", "top3": "test top-3 accuracy"}
 TOP_K = {"top1": 1, "top3": 3}
 ZOOM_FROM = 0.4  # the zoom shows the rounds after this fraction of the run
+FAILED_ABOVE_CHANCE = 0.1  # a final this close to chance failed (claims.FAIL_MARGIN)
+BASELINE_LABEL = "mean, no attack"
 MARKS = 6  # markers per line
 
 
@@ -95,16 +97,19 @@ def _plot_rule(ax, rounds: np.ndarray, values: np.ndarray, label: str,
                         color=style["color"], alpha=0.18, linewidth=0)
 
 
-def _zoom_limits(finals: list[float]) -> tuple[float, float]:
-    """A y range around the best final values (the converging rules)."""
+def _zoom_limits(finals: list[float], floor: float) -> tuple[float, float]:
+    """A y range holding every final value above ``floor`` (the rules that learn; those
+    that fail lie at chance, in the full panel), at least 0.12 tall."""
     best = max(finals)
-    return max(0.0, best - 0.12), min(1.0, best + 0.03)
+    learned = [f for f in finals if f > floor] or [best]
+    low = min(min(learned) - 0.02, best - 0.12)
+    return max(0.0, low), min(1.0, best + 0.03)
 
 
-def _zoom(ax, last: int, finals: list[float]) -> None:
-    """Limit ``ax`` to the late rounds around the best final values."""
+def _zoom(ax, last: int, finals: list[float], floor: float) -> None:
+    """Limit ``ax`` to the late rounds and to the final values of the rules that learn."""
     ax.set_xlim(ZOOM_FROM * last, last)
-    ax.set_ylim(*_zoom_limits(finals))
+    ax.set_ylim(*_zoom_limits(finals, floor))
 
 
 def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str,
@@ -114,6 +119,13 @@ def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str
     runs = [r for r in results if r["scenario"] == scenario]
     grouped = _by(runs, "rule")
     finals = []
+    baseline = [r for r in results if r["scenario"] == "none" and r["rule"] == "mean"]
+    if scenario != "none" and baseline:  # the paper's reference: Mean without attack
+        rounds, values = curves(baseline, metric)
+        for ax in (ax_full, ax_zoom):
+            if ax is not None:
+                ax.plot(rounds, np.nanmean(values, axis=0), color="0.45", linestyle="--",
+                        linewidth=1.2, label=BASELINE_LABEL)
     for rule in rules:
         if (rule,) not in grouped:
             continue
@@ -124,13 +136,14 @@ def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str
         final = np.nanmean(values[:, -1])
         if math.isfinite(final):
             finals.append(float(final))
-    _chance_line(ax_full, chance(runs, metric))
+    level = chance(runs, metric)
+    _chance_line(ax_full, level)
     ax_full.set_title(scenario_title(scenario, runs, short))
     ax_full.set_xlabel("round")
     ax_full.set_ylabel(METRIC_LABELS[metric])
     ax_full.set_ylim(0, 1)
     if ax_zoom is not None and finals:
-        _zoom(ax_zoom, max(r["rounds"] for r in results), finals)
+        _zoom(ax_zoom, max(r["rounds"] for r in results), finals, level + FAILED_ABOVE_CHANCE)
         ax_zoom.set_title("zoom: late rounds")
         ax_zoom.set_xlabel("round")
 
@@ -147,7 +160,8 @@ def grid_figures(out: Path, results: list[dict[str, Any]], metric: str) -> list[
         fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4))
         draw_scenario(full, zoom, paper, scenario, metric, rules)
         full.legend(loc="lower right", ncol=2)
-        fig.suptitle(_caption(paper, metric), fontsize=9)
+        shown = [r for r in paper if r["scenario"] == scenario]
+        fig.suptitle(_caption(shown, metric), fontsize=9)
         paths.append(save(fig, out / f"accuracy-{scenario}.png"))
     if scenarios:
         fig, axes = plt.subplots(2, len(scenarios), figsize=(4.2 * len(scenarios), 7.5),
@@ -162,12 +176,24 @@ def grid_figures(out: Path, results: list[dict[str, Any]], metric: str) -> list[
 
 
 def run_caption(results: list[dict[str, Any]]) -> str:
-    """How the runs were made: dataset, n, f (the Byzantine workers of a worker attack),
+    """How the runs were made: dataset, n, the Byzantine workers of the worker attacks,
     S, rounds, seeds."""
     return (f"{_values(results, 'dataset')}; n = {_values(results, 'num_workers')}, "
-            f"f = {_values(results, 'num_byzantine')}, S = {_values(results, 'num_shards')}; "
+            f"{_byzantine_text(results)}, S = {_values(results, 'num_shards')}; "
             f"{_values(results, 'rounds')} rounds; {len({r['seed'] for r in results})} "
             "seed(s)")
+
+
+def _byzantine_text(results: list[dict[str, Any]]) -> str:
+    """``f = 6 (gaussian, omniscient)``: the Byzantine workers and the scenarios that have
+    them; the proxy attacks corrupt values on the wire and have none."""
+    scenarios: dict[int, set[str]] = defaultdict(set)
+    for r in results:
+        if r.get("num_byzantine"):
+            scenarios[r["num_byzantine"]].add(r.get("scenario", "?"))
+    if not scenarios:
+        return "no Byzantine workers"
+    return ", ".join(f"f = {f} ({', '.join(sorted(s))})" for f, s in sorted(scenarios.items()))
 
 
 def _caption(results: list[dict[str, Any]], metric: str) -> str:

@@ -39,6 +39,22 @@ def test_a_scenario_panel_has_a_chance_line_and_a_marker_per_rule() -> None:
     plt.close(fig)
 
 
+def test_an_attack_panel_shows_mean_without_attack_and_a_zoom_holding_every_learner(
+        ) -> None:
+    plt = pyplot()
+    fig, (full, zoom) = plt.subplots(1, 2)
+    runs = [_run("mean", "none", s) for s in (0, 1)]
+    for rule, final in (("krum", 0.62), ("marmed", 0.9), ("mean", 0.1)):
+        runs += [{**_run(rule, "omniscient", s),
+                  "points": [{"round": t, "top1": final} for t in (0, 2, 4)]} for s in (0, 1)]
+    draw_scenario(full, zoom, runs, "omniscient", "top1", ["mean", "krum", "marmed"])
+    assert "mean, no attack" in [line.get_label() for line in full.get_lines()]
+    low, high = zoom.get_ylim()
+    assert low <= 0.6 and high >= 0.9  # krum, far below marmed, is still in the zoom
+    assert low > 0.1  # mean failed: at chance, in the full panel only
+    plt.close(fig)
+
+
 def test_every_rule_and_defence_has_its_own_line() -> None:
     styles = [tuple(sorted(line_style(d).items())) for d in (*PAPER_RULES, *MODERN_DEFENCES)]
     assert len(set(styles)) == len(set(PAPER_RULES + MODERN_DEFENCES))
@@ -48,7 +64,8 @@ def test_every_rule_and_defence_has_its_own_line() -> None:
 
 def test_captions_and_titles_come_from_the_runs() -> None:
     runs = [_run("mean", "none", s, f=0) for s in (0, 1, 2)] + [_run("mean", "gaussian", 0)]
-    assert run_caption(runs) == "synthetic; n = 7, f = 0, 2, S = 4; 4 rounds; 3 seed(s)"
+    assert run_caption(runs) == "synthetic; n = 7, f = 2 (gaussian), S = 4; 4 rounds; 3 seed(s)"
+    assert "no Byzantine workers" in run_caption(runs[:3])  # a proxy attack's, or none
     assert scenario_title("omniscient", [_run("mean", "omniscient", 0, n=20, f=6)]) \
         == "omniscient (6 of 20 workers, -1e20 × sum)"
     assert scenario_title("gambler", [{**_run("mean", "gambler", 0), "num_shards": 20}]) \
