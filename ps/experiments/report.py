@@ -91,8 +91,9 @@ def header(results: list[dict[str, Any]], info: ReportInfo, paper: bool = False
     distinct = {r["key"]: r for r in results}
     datasets = sorted({r["dataset"] for r in results})
     note = ""
-    if paper and "mnist" not in datasets and "cifar10" not in datasets:
-        note = (" (the paper uses MNIST; give `--dataset mnist --data-dir DIR` for it: "
+    if paper and not any(d.startswith("mnist") or d == "cifar10" for d in datasets):
+        note = (" (the paper uses MNIST; give `--dataset mnist --data-dir DIR` (or "
+                "`--dataset mnist-5k`, 5,000 real digits) for it: "
                 "Fashion-MNIST is harder, so every accuracy is lower, but the claims are "
                 "about how the rules compare)")
     engine = {"reference": "the in-process reference engine (its final parameters are "
