@@ -6,7 +6,10 @@ cluster's data flows, so for the same ``RunConfig`` and ``AttackConfig`` it
 ends with parameters bit-identical to a multi-process run (compare
 ``params_digest``). Given the participation a run recorded (rounds closed at their
 deadline without some workers), it aggregates exactly the pushes that run did. It is
-also the fast path for parameter sweeps.
+also the fast path for parameter sweeps: the workers whose PARAMS no proxy replaced
+pull one vector (loaded into the model once a round), and with a coordinate-wise defence
+the consecutive shards no proxy fronts are hosted as one server process would host them
+(one rule call, bit for bit the shards' own).
 
 Worker momentum (``--worker-momentum``) is kept per worker as the worker processes keep
 it, every worker computing every round from round 0: a run without faults is reproduced
@@ -25,6 +28,7 @@ import torch
 
 from common.errors import ConfigError
 from common.learn.data import Dataset, load_dataset
+from common.learn.rules.defence import Defence
 from common.net.sharding import shard_ranges
 from common.net.wire import FLOAT32, round_to_wire
 from common.run.buffers import HostBuffers
@@ -67,14 +71,17 @@ class Simulation:
         self.computer = GradientComputer(cfg, dataset, device)
         x0 = initial_parameters(cfg)
         self.ranges = shard_ranges(x0.size, cfg.num_shards)
-        # each shard a server process of its own: pushed and stepped as the servers do
-        self.groups = [ShardGroup(cfg, [s], x0) for s in range(cfg.num_shards)]
-        self.shards = [group.states[0] for group in self.groups]
         self.corruptors = {
             s: ShardCorruptor(cfg, attack, s, *self.ranges[s])
             for s in attack.proxy_shards
             if attack.proxy_attack != "none"
         }
+        # the shards as server processes host them: pushed and stepped as the servers do
+        self.groups = [ShardGroup(cfg, shards, x0) for shards in self._hosting()]
+        self.shards = [state for group in self.groups for state in group.states]
+        # where each group's shards lie in a worker's vector (consecutive shards)
+        self.spans = [(self.ranges[g.shards[0]][0], self.ranges[g.shards[-1]][1])
+                      for g in self.groups]
         self.corrupted_values = 0
         self.last_metrics: list[RoundMetrics] = []  # each shard's step in the last round
         # each worker's step, as its process runs it: an honest worker's momentum; a
@@ -92,11 +99,26 @@ class Simulation:
     def params(self) -> np.ndarray:
         return np.concatenate([s.params for s in self.shards])
 
+    def _hosting(self) -> list[list[int]]:
+        """The shards of each server process modelled, in shard order: one shard a
+        process; with a coordinate-wise defence and every worker in every round, each run
+        of consecutive shards that no proxy stands in front of is one process (one rule
+        call for all, bit for bit each shard's own: ``server/group.py``)."""
+        if not Defence(self.cfg).coordinatewise or self.participation.partial:
+            return [[s] for s in range(self.cfg.num_shards)]
+        hosted: list[list[int]] = []
+        for s in range(self.cfg.num_shards):
+            if s in self.corruptors or not hosted or hosted[-1][-1] in self.corruptors:
+                hosted.append([s])
+            else:
+                hosted[-1].append(s)
+        return hosted
+
     def step(self) -> list[RoundMetrics]:
         """Run one round: every worker pulls, computes, pushes; every shard steps."""
         t = self.shards[0].round
         n = self.cfg.num_workers
-        views = [self._pulled_by(t, i) for i in range(n)]
+        views = self._pulled(t)
         grads: dict[int, np.ndarray] = {}  # each worker's vector, by id (all n below)
         byzantine = [i for i in range(n) if self.attack.is_byzantine(i)]
         honest = honest_workers(self.cfg, self.attack)
@@ -129,7 +151,8 @@ class Simulation:
         # read the honest vectors, which they recompute unrounded)
         wired = [self._wire(grads[i]) for i in range(n)]
         metrics = []
-        for s, (a, b) in enumerate(self.ranges):
+        for group, (a, b) in zip(self.groups, self.spans, strict=True):
+            s = group.first  # (a group of several: all n workers, no proxy)
             pushes = [g[a:b] for g in wired]
             corruptor = self.corruptors.get(s)
             aggregated = self.participation.workers(s, t, n)
@@ -139,8 +162,8 @@ class Simulation:
                                       f"proxy attack {self.attack.proxy_attack} needs all n")
                 pushes = self._corrupt_pushes(corruptor, t, pushes, aggregated)
             for i in aggregated:
-                self.groups[s].push(t, i, pushes[i])
-            metrics += [m for _, m in self.groups[s].step()]
+                group.push(t, i, pushes[i])
+            metrics += [m for _, m in group.step()]
         self.last_metrics = metrics
         return metrics
 
@@ -157,20 +180,25 @@ class Simulation:
     @staticmethod
     def _pulled_alike(views: list[np.ndarray], worker: int, others: list[int]) -> bool:
         """Whether ``worker`` pulled bit for bit what each of ``others`` did (no proxy
-        corrupted the PARAMS differently)."""
-        return all(np.array_equal(views[worker], views[j]) for j in others)
+        corrupted the PARAMS differently): the very same vector, or equal values."""
+        return all(views[worker] is views[j] or np.array_equal(views[worker], views[j])
+                   for j in others)
 
-    def _pulled_by(self, t: int, worker: int) -> np.ndarray:
-        """x^t as worker ``worker`` receives it (PARAMS may be corrupted by a proxy)."""
-        parts = []
-        for s, shard in enumerate(self.shards):
-            values = shard.params
-            corruptor = self.corruptors.get(s)
-            if corruptor is not None:
-                values, changed = corruptor.corrupt_params(t, worker, values)
+    def _pulled(self, t: int) -> list[np.ndarray]:
+        """x^t as each worker receives it (PARAMS may be corrupted by a proxy): one new
+        vector shared by the workers whose PARAMS no proxy replaced (loaded into the
+        model once), a vector of its own for each other worker. Never written to."""
+        own = [shard.params for shard in self.shards]
+        shared = np.concatenate(own)
+        views = []
+        for worker in range(self.cfg.num_workers):
+            parts = list(own)
+            for s, corruptor in self.corruptors.items():
+                parts[s], changed = corruptor.corrupt_params(t, worker, own[s])
                 self.corrupted_values += changed
-            parts.append(values)
-        return np.concatenate(parts)
+            alike = all(p is o for p, o in zip(parts, own, strict=True))
+            views.append(shared if alike else np.concatenate(parts))
+        return views
 
     def _corrupt_pushes(
         self, corruptor: ShardCorruptor, t: int, pushes: list[np.ndarray],
