@@ -42,3 +42,15 @@ def test_it_is_a_rule_only_while_registered() -> None:
         assert rule_class(RULE) is Float32Medoid
     with pytest.raises(RuleError):
         rule_class(RULE)
+
+
+def test_the_report_tables_every_run(tmp_path) -> None:
+    import json
+
+    from ps.experiments.medoid32 import write_report
+
+    runs = [{"rule": r, "seed": s, "top1": t, "forged_selected": f, "selections": 8}
+            for s in (0, 1) for r, t, f in (("medoid", 0.8, 0), (RULE, 0.1, 8))]
+    (tmp_path / "medoid-float32.json").write_text(json.dumps({"rounds": 2, "runs": runs}))
+    text = write_report(tmp_path).read_text()
+    assert "| medoid-float32 | 1 | 0.1000 | 8 / 8 |" in text and "--seeds 2" in text
