@@ -268,7 +268,8 @@ def batch_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str
     left.legend(fontsize=8, ncol=2)
     right.set_title("gap to Mean at the same batch size (Mean − rule, paired by seed)")
     right.set_ylabel(f"difference of final {METRIC_LABELS[metric]}")
-    right.legend(fontsize=8, ncol=2)
+    if right.get_legend_handles_labels()[0]:
+        right.legend(fontsize=8, ncol=2)
     fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
     return save(fig, out / "batch-sweep.png")
 
@@ -347,7 +348,7 @@ def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], met
                 finals.append(lines[row].mean)
         _chance_line(ax, level)
         if finals:
-            _zoom(zoom, last, finals)
+            _zoom(zoom, last, finals, level + FAILED_ABOVE_CHANCE)
         zoom.set_title("zoom: late rounds", fontsize=9)
         zoom.set_xlabel("round")
         title = ", ".join(f"{a} = {v}" for a, v in
