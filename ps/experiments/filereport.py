@@ -185,8 +185,9 @@ def _worst_tables(cases: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]]
     """Per panel: rows x columns, each the worst case over ``worst_over``, with its
     seed spread and the value that gives it."""
     lines = ["", f"## Worst case over {axes.worst_over}: final test {metric}", "",
-             f"Each entry: the lowest mean over seeds (± its std) among the values of "
-             f"{axes.worst_over}, and that value. {TIES_RULE}"]
+             f"Each entry: per seed the lowest final among the values of "
+             f"{axes.worst_over}, then the mean (± std) of those over seeds, and the value "
+             f"that is the worst on most seeds. {TIES_RULE}"]
     for panel, table in cases.items():
         rows = list(dict.fromkeys(r for r, _ in table))
         columns = list(dict.fromkeys(c for _, c in table))

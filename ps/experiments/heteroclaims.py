@@ -227,13 +227,15 @@ def hetero_claim_lines(results: list[dict[str, Any]], metric: str) -> list[str]:
         return []
     lines = ["", f"## Claims on heterogeneous data (final test {metric})", "",
              f"Worker momentum {MOMENTUM:g} unless the claim is about it; verdicts by the "
-             "margin rule over seeds (see the paper's claims).", "",
+             "95 % interval of each difference paired by seed (see the paper's claims).",
+             "",
              "| claim | source | " + " | ".join(f.splits) + " |",
              "|---|---|" + "---|" * len(f.splits)]
     for c in HETERO_CLAIMS:
         lines.append(f"| {c.text} | {c.source} | "
                      + " | ".join(verdicts[(c.text, s)].outcome for s in f.splits) + " |")
-    lines += ["", "The numbers (mean ± 2 standard errors; the worst attack in brackets):", ""]
+    lines += ["", "The numbers (mean ± half the 95 % interval; the worst attack in brackets):",
+              ""]
     for c in HETERO_CLAIMS:
         for s in f.splits:
             v = verdicts[(c.text, s)]
