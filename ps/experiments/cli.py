@@ -122,6 +122,10 @@ def engine_options(function: Callable[..., None]) -> Callable[..., None]:
                      help="A results folder (results.jsonl[.gz], e.g. docs/results/paper): "
                      "its runs that are cells of this grid count as computed (repeatable). "
                      "A grid grown by seeds or sweeps then resumes from the published runs."),
+        click.option("--cached-only", is_flag=True,
+                     help="Run nothing: write the results and the report of the cells "
+                     "already run (an unfinished grid's so far; the report counts the "
+                     "others as not yet run)."),
         click.option("--verify-sample", default=0, show_default=True, type=click.IntRange(0),
                      help="Run K randomly chosen cells through the cluster too; exit 5 if a "
                      "final parameter hash differs from the reference engine's."),
@@ -145,6 +149,7 @@ class GridRun:
     jobs: int
     verify_sample: int
     cached_from: tuple[Path, ...]
+    cached_only: bool
 
     @classmethod
     def take(cls, values: dict[str, Any]) -> GridRun:
@@ -166,7 +171,8 @@ class GridRun:
         from ps.experiments.runner import CellRun
 
         execute(cells, CellRun(self.out, self.data_dir, self.eval_every, self.eval_samples,
-                               self.engine, self.jobs, self.cached_from),
+                               self.engine, self.jobs, self.cached_from,
+                               self.cached_only),
                 self.verify_sample, metric, grid)
 
 
@@ -188,8 +194,9 @@ def execute(cells: Sequence[Cell], how: CellRun, verify_sample: int, metric: str
 
         write_results(how.out, results)
         command = shlex.join(["ps-experiment", *sys.argv[1:]])
+        missing = len({c.key for c in cells}) - len({r["key"] for r in results})
         info = ReportInfo(command, time.monotonic() - started, metric, how.engine, [],
-                          checked)
+                          checked, missing)
         write_grid(how.out, grid, info)
         report = render(how.out, results, info, grid)
         click.echo(f"{len(results)} cells; report: {report}")
@@ -280,7 +287,7 @@ class GridFileError(click.ClickException):
 @options_for(INVOCATION)
 @engine_options
 def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: int,
-             cached_from: tuple[Path, ...], **values: Any) -> None:
+             cached_from: tuple[Path, ...], cached_only: bool, **values: Any) -> None:
     """Run the grid written in GRID.toml (or a shipped grid, by its name: ps-experiment
     run heterogeneity): its keys are run settings (the flags without "--") and seeds; a
     list is an axis of the product; [[exclude]] and [[only]] tables drop combinations
@@ -306,7 +313,7 @@ def run_file(grid_file: Path, out: Path, engine: str, jobs: int, verify_sample: 
     settings = {d.name: values[d.param] for d in INVOCATION.settings()}
     settings |= grid.invocation | given  # flag or variable > file > default
     how = CellRun(out, settings["data_dir"], settings["eval_every"], settings["eval_samples"],
-                  engine, jobs, cached_from)
+                  engine, jobs, cached_from, cached_only)
     execute(grid.cells, how, verify_sample, _metric(grid), file_grid(grid))
 
 

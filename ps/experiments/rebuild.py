@@ -69,7 +69,7 @@ def write_grid(out: Path, grid: dict[str, Any], info: ReportInfo) -> Path:
     time, metric, engine), all that :func:`regenerate` needs beside the results."""
     path = out / GRID_JSON
     record = {**grid, "command": info.command, "wall_s": info.wall_s, "metric": info.metric,
-              "engine": info.engine}
+              "engine": info.engine, **({"not_run": info.not_run} if info.not_run else {})}
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return path
 
@@ -118,7 +118,7 @@ def regenerate(directory: Path, out: Path | None = None) -> Path:
                           f"{RESULTS}; run the grid again: its cells are cached)") from None
     results = read_results(directory)
     info = ReportInfo(grid["command"], grid["wall_s"], grid["metric"], grid["engine"], [],
-                      read_verification(directory))
+                      read_verification(directory), grid.get("not_run", 0))
     out = directory if out is None else out
     out.mkdir(parents=True, exist_ok=True)
     return render(out, results, info, grid)

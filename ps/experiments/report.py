@@ -66,6 +66,7 @@ class ReportInfo:
     engine: str
     figures: list[Path]
     verification: list[dict[str, Any]] | None = None  # the --verify-sample cells
+    not_run: int = 0  # distinct runs of the grid left out (--cached-only)
 
 
 def write_report(out: Path, results: list[dict[str, Any]], info: ReportInfo) -> Path:
@@ -111,6 +112,9 @@ def header(results: list[dict[str, Any]], info: ReportInfo, paper: bool = False
         f"{', '.join(map(str, sorted({r['seed'] for r in results})))}; metric: "
         f"{info.metric}",
         f"* Engine: {engine[info.engine]}",
+        *([f"* **Unfinished**: {info.not_run} of the grid's {len(distinct) + info.not_run} "
+           "distinct runs are not run yet (`--cached-only`): every claim reads the seeds "
+           "its cells share"] if info.not_run else []),
     ]
 
 

@@ -115,6 +115,7 @@ class CellRun:
     engine: str = "reference"  # or "cluster"
     jobs: int = 2  # cells at once (reference engine; a cluster uses every core itself)
     cached_from: tuple[Path, ...] = ()  # results folders whose runs fill the cache
+    cached_only: bool = False  # report the cells already run; run none
 
 
 def cell_path(out: Path, cell: Cell, engine: str = "reference") -> Path:
@@ -147,6 +148,10 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
         else:
             todo.setdefault(cell.key, cell)
     distinct = len({c.key for c in cells})
+    if how.cached_only:
+        progress(f"{len(cells)} cells ({distinct} distinct runs): {distinct - len(todo)} "
+                 f"cached, {len(todo)} not yet run (--cached-only: left out)")
+        return [{**results[c.key], **c.tags()} for c in cells if c.key in results]
     at_once = how.jobs if how.engine == "reference" else 1
     progress(f"{len(cells)} cells ({distinct} distinct runs): {distinct - len(todo)} cached, "
              f"{len(todo)} to run ({at_once} at a time, {how.engine} engine)")

@@ -4,6 +4,7 @@ grid grown by seeds or sweeps computes only its new cells."""
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 from ps.experiments.grid import GridSpec, paper_cells
@@ -15,7 +16,10 @@ def _published(directory: Path, cells, engine: str | None = None) -> None:
     """A results folder holding a made-up run of each of ``cells``."""
     directory.mkdir()
     records = [{"key": c.key, **({"engine": engine} if engine else {}), "scenario": c.scenario,
-                "rule": c.rule, "seed": c.seed, "params_sha256": "ab" * 32, "seconds": 1.0,
+                "rule": c.rule, "defence": c.defence, "q": c.run["q"], "seed": c.seed,
+                "dataset": c.run["dataset"], "rounds": c.run["rounds"],
+                "batch_size": c.run["batch_size"], "worker_momentum": 0.0,
+                "params_sha256": "ab" * 32, "seconds": 1.0,
                 **c.tags(), "points": [{"round": 0, "top1": 0.1, "top3": 0.3, "loss": 2.0},
                                        {"round": 4, "top1": 0.8, "top3": 0.9, "loss": 0.5}]}
                for c in cells]
@@ -49,3 +53,24 @@ def test_runs_of_another_engine_are_not_taken(tmp_path: Path) -> None:
                                  rules=("mean",), scenarios=("none",), sweeps=False))
     _published(tmp_path / "published", cells, engine="cluster")
     assert fill_cache(tmp_path / "out", tmp_path / "published", cells) == 0
+
+
+def test_cached_only_reports_the_runs_so_far_and_counts_the_rest(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ps.experiments.cli import main
+
+    spec = GridSpec(dataset="synthetic", rounds=4, num_workers=4, seeds=1,
+                    rules=("mean", "marmed"), scenarios=("none",), sweeps=False)
+    _published(tmp_path / "published", paper_cells(spec))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "paper", "--out", str(out), "--dataset", "synthetic", "--rounds", "4",
+        "--workers", "4", "--rules", "mean,marmed", "--scenarios", "none", "--no-sweeps",
+        "--seeds", "3", "--cached-from", str(tmp_path / "published"), "--cached-only"])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert "**Unfinished**: 4 of the grid's 6 distinct runs are not run yet" in report
+    assert not list((out / "cells").glob("*.tmp"))
+    assert len(list((out / "cells").glob("*.json"))) == 2  # nothing run
+    assert json.loads((out / "grid.json").read_text())["not_run"] == 4
