@@ -68,8 +68,28 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
             "rule": cell.rule, "defence": cell.defence, "q": cfg.q,
             "worker_momentum": cfg.worker_momentum, "batch_size": cfg.batch_size,
             "seed": cfg.seed, "rounds": cfg.rounds, "dataset": cfg.dataset,
-            "seconds": result.seconds,
+            "seconds": result.seconds, "machine": machine(),
             "params_sha256": result.digest, "points": points}
+
+
+def machine() -> str:
+    """What a run's floating-point rounding depends on besides the code: the CPU and the
+    numeric libraries. The same cell run where this differs may end with other bits
+    (the same experiment, rounded otherwise), so only runs of one machine are compared
+    bit for bit."""
+    import platform
+
+    import numpy
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}; torch {torch.__version__}; numpy {numpy.__version__}"
 
 
 def run_cluster_cell(cell: Cell, out: Path, data_dir: Path | None, eval_every: int,
@@ -263,10 +283,16 @@ def verify_sample(cells: Sequence[Cell], results: list[dict[str, Any]], count: i
                   how: CellRun, progress: Callable[[str], None] = lambda line: print(
                       line, file=sys.stderr)) -> list[dict[str, Any]]:
     """Run ``count`` randomly chosen cells through the cluster as well; for each, the
-    two final parameter hashes and whether they are the same."""
+    two final parameter hashes and whether they are the same. Only cells run on this
+    machine are chosen (:func:`machine`: another CPU or library rounds otherwise)."""
     by_key = {r["key"]: r for r in results}
-    distinct = list({c.key: c for c in cells}.values())
+    here = machine()
+    distinct = [c for c in {c.key: c for c in cells}.values()
+                if by_key[c.key].get("machine") == here]
     chosen = random.SystemRandom().sample(distinct, min(count, len(distinct)))
+    if not chosen:
+        progress("verifying through the cluster: no cell was run on this machine")
+        return []
     progress("verifying through the cluster: " + ", ".join(c.label() for c in chosen))
     cluster = run_cells(chosen, replace(how, engine="cluster"), progress)
     return [{"label": c.label(), "key": c.key, "reference": by_key[c.key]["params_sha256"],

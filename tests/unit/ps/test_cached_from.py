@@ -74,3 +74,23 @@ def test_cached_only_reports_the_runs_so_far_and_counts_the_rest(tmp_path: Path)
     assert not list((out / "cells").glob("*.tmp"))
     assert len(list((out / "cells").glob("*.json"))) == 2  # nothing run
     assert json.loads((out / "grid.json").read_text())["not_run"] == 4
+
+
+def test_only_cells_run_on_this_machine_are_verified_through_the_cluster(
+        tmp_path: Path, monkeypatch) -> None:
+    from ps.experiments import runner
+
+    cells = paper_cells(GridSpec(dataset="synthetic", rounds=4, num_workers=4, seeds=2,
+                                 rules=("mean",), scenarios=("none",), sweeps=False))
+    here, there = runner.machine(), "another CPU; torch 0; numpy 0"
+    results = [{"key": c.key, "params_sha256": "ab", "machine": m}
+               for c, m in zip(cells, (there, here), strict=True)]
+    ran: list[list[str]] = []
+    monkeypatch.setattr(runner, "run_cells", lambda chosen, how, progress: ran.append(
+        [c.key for c in chosen]) or [{"params_sha256": "ab"} for _ in chosen])
+    checked = runner.verify_sample(cells, results, 2, CellRun(tmp_path, None, 2, None))
+    assert ran == [[cells[1].key]] and [c["same"] for c in checked] == [True]
+    lines: list[str] = []
+    assert runner.verify_sample(cells, results[:1] + [{**results[1], "machine": there}], 2,
+                                CellRun(tmp_path, None, 2, None), lines.append) == []
+    assert "no cell was run on this machine" in lines[0]
