@@ -13,13 +13,16 @@ vectors, and a Byzantine worker forges from those: it keeps each honest worker's
 that searches its factor against the rule (``reads_rule``) gets an :class:`Aim` built
 from the run configuration: :class:`ServerAggregation`, what the servers compute. A
 label-flipping worker (``trains``) computes its own gradient of the flipped labels and
-applies its own momentum, as an honest worker would.
+applies its own momentum, as an honest worker would. An attack that carries state from
+round to round (``stateful``: the adaptive mimic) keeps it in the worker's
+:class:`ByzantineState` too, one memory per Byzantine worker, updated each round it forges.
 
-Momentum is process state, held in memory: a worker restarted by the launcher starts it
-again from zero, and a worker that catches up after missed rounds keeps it (updated only
-in the rounds it computed). The reference engine assumes every worker computed every
-round from the start: it reproduces runs without faults bit for bit, and a faulty run
-with momentum only if no worker restarted or skipped a round.
+Momentum and an attack's memory are process state, held in memory: a worker restarted by
+the launcher starts them again from zero, and a worker that catches up after missed rounds
+keeps them (updated only in the rounds it computed). The reference engine assumes every
+worker computed every round from the start: it reproduces runs without faults bit for
+bit, and a faulty run with momentum or a stateful attack only if no worker restarted or
+skipped a round.
 """
 
 from __future__ import annotations
@@ -83,30 +86,36 @@ def aim(cfg: RunConfig, attack: AttackConfig, d: int, round_: int) -> Aim:
     return Aim(functools.partial(servers, round_=round_), tuple(attack.byzantine_workers))
 
 
-def forge(cfg: RunConfig, attack: AttackConfig, honest: np.ndarray, round_: int) -> np.ndarray:
+def forge(cfg: RunConfig, attack: AttackConfig, honest: np.ndarray, round_: int,
+          memory: Any = None) -> np.ndarray:
     """The (len(byzantine_workers), d) vectors the Byzantine workers send at ``round_``,
-    from the honest workers' vectors (their momentum vectors, with worker momentum)."""
+    from the honest workers' vectors (their momentum vectors, with worker momentum);
+    ``memory``: a ``stateful`` attack's, of the worker forging (updated)."""
     impl = worker_attack(attack)
     extra: dict[str, Any] = {}
     if impl.reads_rule:
         extra["aim"] = aim(cfg, attack, honest.shape[1], round_)
     return impl.forge_at(honest, len(attack.byzantine_workers), cfg.num_workers, cfg.seed,
-                         "worker-attack", round_, **extra)
+                         "worker-attack", round_, memory=memory, **extra)
 
 
 @dataclass
 class ByzantineState:
-    """What a Byzantine worker carries from round to round (worker momentum only): the
+    """What a Byzantine worker carries from round to round: with worker momentum, the
     momentum of each honest worker, tracked from the gradients it recomputes (attacks
-    that read the honest vectors), and its own (label flipping)."""
+    that read the honest vectors), and its own (label flipping); a ``stateful`` attack's
+    memory (None for the others)."""
 
     honest: dict[int, Momentum] = field(default_factory=dict)
     own: Momentum = field(default_factory=lambda: Momentum(0.0))
+    memory: Any = None
 
     @classmethod
     def start(cls, cfg: RunConfig, attack: AttackConfig) -> ByzantineState:
         beta = cfg.worker_momentum
-        return cls({i: Momentum(beta) for i in honest_workers(cfg, attack)}, Momentum(beta))
+        impl = worker_attack(attack)
+        return cls({i: Momentum(beta) for i in honest_workers(cfg, attack)}, Momentum(beta),
+                   impl.start_memory() if impl.stateful else None)
 
 
 def byzantine_gradient(
@@ -133,4 +142,5 @@ def byzantine_gradient(
     else:  # only the shape is read
         honest = np.zeros((len(ids), computer.d), dtype=np.float32)
     # a copy: a view would keep the whole forged matrix alive while the push is kept
-    return forge(cfg, attack, honest, round_)[attack.byzantine_workers.index(worker)].copy()
+    forged = forge(cfg, attack, honest, round_, state.memory)
+    return forged[attack.byzantine_workers.index(worker)].copy()

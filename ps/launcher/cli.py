@@ -14,6 +14,7 @@ import click
 
 from common.conf.settings import take
 from common.errors import ConfigError, ReferenceMismatch
+from common.learn.attacks import VectorAttack
 from common.net.keys import SecurityOptions
 from common.net.sharding import format_shard_set
 from common.run.cli import settings_command
@@ -234,14 +235,20 @@ def verify(spec, digest: str) -> None:
     from ps.reference.participation import read_participation
 
     cfg = spec.cfg
-    if cfg.worker_momentum:
+    # an attack's memory from round to round (mimic-adaptive's) lives in the process too
+    remembers = any(isinstance(a, VectorAttack) and a.stateful
+                    for a in spec.attack.active(spec.attack.worker_attack))
+    if cfg.worker_momentum or remembers:
         broken = momentum_breaks(spec.out_dir, cfg.num_workers, cfg.rounds)
         if broken:
+            what = " and ".join(w for w, on in (("--worker-momentum", cfg.worker_momentum),
+                                               (f"--worker-attack {spec.attack.worker_attack}",
+                                                remembers)) if on)
             raise ConfigError(
-                f"--verify cannot reproduce this run: with --worker-momentum each worker's "
-                f"momentum lives in its process, and worker(s) {', '.join(map(str, broken))} "
-                "restarted or skipped rounds (their momentum started again at 0), which the "
-                "reference engine does not model")
+                f"--verify cannot reproduce this run: with {what} each worker's momentum "
+                f"or attack memory lives in its process, and worker(s) "
+                f"{', '.join(map(str, broken))} restarted or skipped rounds (theirs started "
+                "again from scratch), which the reference engine does not model")
     participation = read_participation(spec.out_dir, cfg.num_shards, cfg.num_workers,
                                        cfg.rounds)
     click.echo(f"running the in-process reference engine ({participation.rounds_closed_short} "
@@ -261,7 +268,8 @@ def verify(spec, digest: str) -> None:
 
 def momentum_breaks(out_dir: Path, num_workers: int, rounds: int) -> list[int]:
     """Workers whose metrics show a process started after round 0 (a restart or a
-    resumed run) or a round they did not compute: their momentum is not the engine's."""
+    resumed run) or a round they did not compute: their momentum (or a stateful attack's
+    memory) is not the engine's."""
     broken = []
     for i in range(num_workers):
         records = read_jsonl(out_dir / f"worker-{i}.jsonl")

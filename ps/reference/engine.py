@@ -138,12 +138,17 @@ class Simulation:
                 self.tracking.add(i)
         for i in honest:
             grads[i] = self.workers[i](views[i], t)[0]
+        # a stateful attack forges with each worker's own memory, as in its process
+        stateful = bool(byzantine) and worker_attack(self.attack).stateful
+        rows = None  # the honest vectors, for the Byzantine workers that pulled alike
         forged = None  # the matrix every Byzantine worker that pulled alike forges
         for i in byzantine:
             if shortcut[i]:
-                if forged is None:
-                    forged = forge(self.cfg, self.attack,
-                                   np.stack([grads[j] for j in honest]), t)
+                if rows is None:
+                    rows = np.stack([grads[j] for j in honest])
+                if forged is None or stateful:
+                    forged = forge(self.cfg, self.attack, rows, t,
+                                   self._memory(i) if stateful else None)
                 grads[i] = forged[self.attack.byzantine_workers.index(i)]
             else:
                 grads[i] = self.workers[i](views[i], t)[0]
@@ -166,6 +171,13 @@ class Simulation:
             metrics += [m for _, m in group.step()]
         self.last_metrics = metrics
         return metrics
+
+    def _memory(self, worker: int) -> object:
+        """Byzantine ``worker``'s attack memory (its state's, which its step would update)."""
+        state = self.workers[worker].state
+        if state is None:  # (a Byzantine worker's)
+            raise RuntimeError(f"worker {worker} is Byzantine but has no attack state")
+        return state.memory
 
     def _wire(self, values: np.ndarray) -> np.ndarray:
         """``values`` as a server receives them (rounded to --wire-dtype; a whole vector

@@ -3,8 +3,9 @@
 Value-level (generalized model, at a proxy): gambler, bitflip.  Vector-level (classic
 model), by Byzantine workers or at a proxy: gaussian, inf, omniscient, signflip, mimic,
 alie, ipm, minmax, minsum; by Byzantine workers only: alie-opt and ipm-opt (searched
-against the servers' aggregation, ``optimised``) and labelflip (a gradient of flipped
-labels).  The README's attack table lists each with its settings.
+against the servers' aggregation, ``optimised``), labelflip (a gradient of flipped
+labels) and mimic-adaptive (a memory from round to round, ``mimic_adaptive``).  The
+README's attack table lists each with its settings.
 """
 
 # The catalogue: every built-in attack, a module each, which registers it
@@ -20,6 +21,7 @@ from common.learn.attacks import (
     ipm_opt,
     labelflip,
     mimic,
+    mimic_adaptive,
     minmax,
     minsum,
     omniscient,
@@ -39,8 +41,8 @@ from common.learn.attacks.base import (
 )
 
 CATALOGUE = (
-    alie, alie_opt, bitflip, gambler, gaussian, inf, ipm, ipm_opt, labelflip, mimic, minmax,
-    minsum, omniscient, optimised, signflip,
+    alie, alie_opt, bitflip, gambler, gaussian, inf, ipm, ipm_opt, labelflip, mimic,
+    mimic_adaptive, minmax, minsum, omniscient, optimised, signflip,
 )
 
 __all__ = ["ATTACKS", "NO_ATTACK", "Attack", "Site", "ValueAttack", "VectorAttack",

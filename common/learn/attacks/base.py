@@ -30,6 +30,10 @@ Two kinds of vector attack need more than the honest vectors:
 * ``trains``: the Byzantine worker computes its vector itself with the trainer on its own
   partition, with the labels mapped by :meth:`VectorAttack.relabel` (label flipping); it
   forges nothing from the honest vectors.
+* ``stateful``: the attack carries a memory from round to round (the adaptive mimic's
+  learned direction and target), made by :meth:`VectorAttack.start_memory` and updated by
+  each ``forge(..., memory=)``; every Byzantine worker keeps its own
+  (``worker/byzantine.py``), as process state.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -270,13 +274,6 @@ class ValueAttack(Attack):
         raise NotImplementedError
 
 
-class _AimedForge(Protocol):
-    """The ``forge`` of an attack that ``reads_rule``: it takes ``aim=`` too."""
-
-    def __call__(self, honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
-                 num_workers: int, *, aim: Aim) -> np.ndarray: ...
-
-
 @dataclass(frozen=True)
 class VectorAttack(Attack):
     """Classic model: forges whole vectors, by Byzantine workers or at a proxy.
@@ -286,12 +283,15 @@ class VectorAttack(Attack):
     also takes ``aim=`` (an :class:`Aim`: the run's aggregation); only Byzantine workers
     build one. ``trains``: the Byzantine worker computes its vector with the trainer on
     its own data, labels mapped by :meth:`relabel`; :meth:`forge` is not used.
+    ``stateful``: :meth:`forge` also takes ``memory=`` (from :meth:`start_memory`, one
+    per Byzantine worker), which it updates; only Byzantine workers keep one.
     """
 
     sites: ClassVar[frozenset[str]] = frozenset({WORKER, PROXY})
     reads_honest: ClassVar[bool] = True
     reads_rule: ClassVar[bool] = False
     trains: ClassVar[bool] = False
+    stateful: ClassVar[bool] = False
     # f(honest, num_byzantine, rng, **parameters) -> (num_byzantine, d) float32
     function: ClassVar[Callable[..., np.ndarray]]
 
@@ -301,17 +301,30 @@ class VectorAttack(Attack):
         return type(self).function(honest, num_byzantine, rng, **self.parameters())
 
     def forge_at(self, honest: np.ndarray, num_byzantine: int, num_workers: int, seed: int,
-                 stream: str, *coords: int, aim: Aim | None = None) -> np.ndarray:
+                 stream: str, *coords: int, aim: Aim | None = None,
+                 memory: Any = None) -> np.ndarray:
         """:meth:`forge` with the generator of stream ``<stream>`` at ``coords`` (and
-        ``aim`` for an attack that ``reads_rule``)."""
+        ``aim`` for an attack that ``reads_rule``, ``memory`` for one that is
+        ``stateful``)."""
         rng = derive_rng(seed, stream, *coords)
+        extra: dict[str, Any] = {}
         if self.reads_rule:
             if aim is None:
                 raise ValueError(f"attack {self.name} searches against the run's rule: "
                                  "it needs an aim")
-            forge = cast(_AimedForge, self.forge)  # (reads_rule: the class says so)
-            return forge(honest, num_byzantine, rng, num_workers, aim=aim)
-        return self.forge(honest, num_byzantine, rng, num_workers)
+            extra["aim"] = aim
+        if self.stateful:
+            if memory is None:
+                raise ValueError(f"attack {self.name} carries state from round to round: "
+                                 "it needs its memory")
+            extra["memory"] = memory
+        # (the class says its forge takes them)
+        forge = cast(Callable[..., np.ndarray], self.forge)
+        return forge(honest, num_byzantine, rng, num_workers, **extra)
+
+    def start_memory(self) -> Any:
+        """A ``stateful`` attack's memory before its first round."""
+        raise TypeError(f"attack {self.name} carries no state from round to round")
 
     def relabel(self, targets: Any, num_classes: int) -> Any:
         """The labels a ``trains`` attack computes its gradient on (default: unchanged)."""

@@ -22,8 +22,8 @@ def mimic(honest: np.ndarray, num_byzantine: int, rng: np.random.Generator,
     the default 0 is the honest worker with the smallest id, every round (ByzFL's
     ``Mimic(epsilon=0)``). The paper's attacker instead learns, over the first rounds,
     the honest worker along whose direction the honest vectors vary most and mimics it
-    from then on (ByzFL's ``WorkerWithMaxVariance``); that choice carries state from
-    round to round and is not implemented: give ``--mimic-index`` to pick another worker.
+    from then on (ByzFL's ``WorkerWithMaxVariance``): that is ``mimic-adaptive``
+    (``mimic_adaptive.py``); give ``--mimic-index`` to pick another fixed worker.
     Copying a correct vector over-weights that worker's data, which hurts most when the
     data are heterogeneous; on iid partitions it mostly adds variance. ``rng`` is not used.
     """

@@ -328,7 +328,8 @@ def test_vector_attacks_do_not_modify_inputs(name: str) -> None:
 # --------------------------------------------------------------------------- registries
 
 
-WORKER_ONLY = {"labelflip", "alie-opt", "ipm-opt"}  # they train, or read the whole rule
+# they train, read the whole rule, or keep a memory (mimic-adaptive: test_mimic_adaptive)
+WORKER_ONLY = {"labelflip", "alie-opt", "ipm-opt", "mimic-adaptive"}
 NEWER = {"mimic", "inf", "minmax", "minsum", *WORKER_ONLY}  # tested in test_attacks_modern
 
 
