@@ -91,6 +91,6 @@ def test_only_cells_run_on_this_machine_are_verified_through_the_cluster(
     checked = runner.verify_sample(cells, results, 2, CellRun(tmp_path, None, 2, None))
     assert ran == [[cells[1].key]] and [c["same"] for c in checked] == [True]
     lines: list[str] = []
-    assert runner.verify_sample(cells, results[:1] + [{**results[1], "machine": there}], 2,
+    assert runner.verify_sample(cells, [*results[:1], {**results[1], "machine": there}], 2,
                                 CellRun(tmp_path, None, 2, None), lines.append) == []
     assert "no cell was run on this machine" in lines[0]
