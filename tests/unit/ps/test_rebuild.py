@@ -167,3 +167,19 @@ def test_every_table_row_of_docs_results_md_is_a_published_reports() -> None:
                  for row in _rows((d / "report.md").read_text(encoding="utf-8"))}
     page = (PUBLISHED.parent / "results.md").read_text(encoding="utf-8")
     assert [row for row in _rows(page) if row not in published] == []
+
+
+@pytest.mark.parametrize("directory", [d for d in _published() if (d / GRID_JSON).exists()],
+                         ids=lambda d: d.name)
+def test_each_published_grid_holds_the_grid_file_whose_cells_are_its_runs(
+        directory: Path) -> None:
+    """A reader reruns a published grid from its own folder: ``grid.toml`` beside the
+    results, every run of the results one of its cells (an unfinished grid, published
+    with ``--cached-only``, has fewer runs than cells)."""
+    from ps.experiments.gridfile import load_grid
+
+    keys = {c.key for c in load_grid(directory / "grid.toml").cells}
+    runs = {r["key"] for r in read_results(directory)}
+    assert runs <= keys
+    grid = json.loads((directory / GRID_JSON).read_text(encoding="utf-8"))
+    assert len(keys) - len(runs) == grid.get("not_run", 0)
