@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
@@ -323,8 +323,7 @@ def make_inputs(kind: str, seed: int, f: int, round_: int = 0) -> tuple[np.ndarr
     rows = (rng.standard_normal(D) + rng.standard_normal((N, D))).astype(np.float32)
     if kind == "clean":
         return rows, 0
-    attack = {"omniscient": omniscient, "alie": alie}[kind]
-    rows[:f] = attack(rows[f:], f, rng)
+    rows[:f] = omniscient(rows[f:], f, rng) if kind == "omniscient" else alie(rows[f:], f, rng)
     return rows, f
 
 
@@ -444,7 +443,7 @@ def _run_attack(pair: Pair, byz: ByzFL, kind: str, seed: int, f: int,
     clients (its ``ByzantineClient``), so it is repeated f times."""
     import torch
 
-    from common.learn.attacks import attack_class
+    from common.learn.attacks import VectorAttack, attack_class
     from common.learn.attacks.base import Aim
     from common.learn.rules import make_rule
 
@@ -457,7 +456,7 @@ def _run_attack(pair: Pair, byz: ByzFL, kind: str, seed: int, f: int,
         agg = getattr(byz.aggregators, pair.target[1])
         options |= {"agg": agg(f) if pair.target[1] != "Median" else agg(),
                     "pre_agg_list": [], "f": f}
-    impl = attack_class(pair.ours)(**pair.ours_options(f))
+    impl = cast(VectorAttack, attack_class(pair.ours)(**pair.ours_options(f)))
     ours = impl.forge_at(honest, f, N, seed, "worker-attack", 0, aim=aim)
     _seed_byzfl(seed)
     theirs = np.tile(_numpy(getattr(byz.attacks, pair.theirs)(**options)(
@@ -475,8 +474,7 @@ def distributions(ours: np.ndarray, theirs: np.ndarray, sd: float) -> dict[str, 
     """Two-sample Kolmogorov-Smirnov test of the values each side drew (ByzFL's one
     vector, ours' f), each one's test against N(0, sd^2), their means, sds and distinct
     rows."""
-    from scipy import stats
-
+    stats = importlib.import_module("scipy.stats")  # a dependency of byzfl's
     a, b = ours.ravel().astype(np.float64), theirs[0].astype(np.float64)
     return {"p_two_sample": float(stats.ks_2samp(a, b).pvalue),
             "p_ours_normal": float(stats.kstest(a, "norm", args=(0, sd)).pvalue),
