@@ -28,7 +28,13 @@ def _published(directory: Path, cells, engine: str | None = None) -> None:
     path.unlink()
 
 
-def test_a_grid_grown_by_a_seed_computes_only_the_new_seeds_cells(tmp_path: Path) -> None:
+def test_a_grid_grown_by_a_seed_computes_only_the_new_seeds_cells(
+        tmp_path: Path, monkeypatch) -> None:
+    from common.run import plugins
+
+    # the cell processes load the plugins this process has: none here, whatever an
+    # earlier test of the session loaded
+    monkeypatch.setattr(plugins, "LOADED", {})
     spec = GridSpec(dataset="synthetic", rounds=4, num_workers=4, rules=("mean", "marmed"),
                     scenarios=("none",), sweeps=False)
     old = paper_cells(GridSpec(**{**spec.__dict__, "seeds": 1}))
