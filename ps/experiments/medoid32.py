@@ -66,7 +66,7 @@ def compare(seeds: int, rounds: int, say: Callable[[str], None] = print) -> dict
     Byzantine, S = 4, q = 8, batch 32, lr 0.1, Fashion-MNIST, the MLP), each seed: the
     final top-1 accuracy, and how often a forged row was selected."""
     from common.learn.data import load_dataset
-    from ps.experiments.grid import GridSpec, largest_q, scenario_settings
+    from ps.experiments.grid import Cell, GridSpec, largest_q, scenario_settings
     from ps.reference.engine import simulate
     from worker.evaluator import Evaluator
 
@@ -79,8 +79,6 @@ def compare(seeds: int, rounds: int, say: Callable[[str], None] = print) -> dict
         for seed in range(seeds):
             dataset = load_dataset(spec.dataset, None, seed=seed)
             for rule in ("medoid", RULE):
-                from ps.experiments.grid import Cell
-
                 run = {**spec.base(seed), **run_extra, "rule": rule,
                        "q": largest_q("medoid", spec.num_workers, 8)}
                 cfg, attack = Cell("paper", "omniscient", run, attack_settings).configs()

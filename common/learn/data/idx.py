@@ -32,7 +32,7 @@ DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 SHAPE = (1, 28, 28)
 
 # Fixed normalisation constants (mean, std) of the [0, 1]-scaled training images.
-_MNIST_STATS = (0.1307, 0.3081)
+MNIST_STATS = (0.1307, 0.3081)
 _FASHION_STATS = (0.2860, 0.3530)
 
 _IDX_FILES = {
@@ -139,7 +139,7 @@ def _load_mnist(data_dir: Path | None, seed: int) -> Dataset:
             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
             "(each optionally .gz)"
         )
-    return _load_idx_dataset("mnist", data_dir, _MNIST_STATS)
+    return _load_idx_dataset("mnist", data_dir, MNIST_STATS)
 
 
 register_dataset(DatasetSpec(

@@ -28,13 +28,12 @@ from common.learn.data.base import (
     register_dataset,
     standardise,
 )
-from common.learn.data.idx import SHAPE
+from common.learn.data.idx import MNIST_STATS, SHAPE
 
 NAME = "mnist-5k"
 FILE = "mnist_5k.csv"
 PER_CLASS = 500
 TRAIN_PER_CLASS = 400
-_MNIST_STATS = (0.1307, 0.3081)  # MNIST's, as for the full set (``idx``)
 
 
 def find_file(data_dir: Path | None) -> Path:
@@ -92,7 +91,7 @@ def _load(data_dir: Path | None, seed: int) -> Dataset:
 
     images, labels = read_digits(find_file(data_dir))
     train, test = stratified_split(labels)
-    x = standardise(images.reshape(-1, *SHAPE), *_MNIST_STATS)
+    x = standardise(images.reshape(-1, *SHAPE), *MNIST_STATS)
     y = torch.from_numpy(labels)
     return Dataset(NAME, x[train], y[train], x[test], y[test], SHAPE, NUM_CLASSES)
 
