@@ -48,6 +48,8 @@ from common.conf.settings import EXPERIMENT, SIMULATE, Command, Declared, check_
 from common.errors import ConfigError
 from common.learn.attacks import ATTACKS, NO_ATTACK
 from common.learn.rules import RuleError
+from common.learn.rules.base import option_settings
+from common.learn.rules.pre import PRE_AGGREGATORS
 from common.run import plugins
 from common.run.commands import COMMANDS
 from common.run.config import AttackConfig, RunConfig
@@ -97,6 +99,21 @@ class GridCell(Cell):
     """A cell of a grid file, with its values on the grid's axes (the seed's aside)."""
 
     axes: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def defence(self) -> str:
+        """The rule after its chain, each pre-aggregator with the options it is given
+        other than their defaults (a grid may sweep them): ``bucketing(s=3)+geomed``."""
+        pre = self.run.get("pre")
+        if not pre:
+            return self.rule
+        steps = []
+        for name in pre.split(","):
+            changed = [f"{d.name}={self.run[d.param]:g}"
+                       for d in option_settings(PRE_AGGREGATORS[name])
+                       if d.param in self.run and self.run[d.param] != d.default]
+            steps.append(f"{name}({','.join(changed)})" if changed else name)
+        return "+".join([*steps, self.rule])
 
     def tags(self) -> dict[str, Any]:
         return {**super().tags(), "axes": dict(self.axes)}

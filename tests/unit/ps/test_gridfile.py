@@ -46,6 +46,14 @@ def test_list_valued_keys_expand_into_their_product_with_the_seeds_slowest() -> 
     assert [c.attack["byzantine_workers"] for c in two] == [(0,), (0, 1)]
 
 
+def test_a_defence_names_the_pre_aggregators_options_a_cell_changes() -> None:
+    """A swept bucket size is part of the defence (reports and claims group by it)."""
+    swept = grid('rule = "geomed"\npre = ["", "bucketing"]\nbucket-size = [2, 3]\n'
+                 '[[exclude]]\npre = ""\nbucket-size = 3\n').cells
+    assert [c.defence for c in swept] == ["geomed", "bucketing+geomed",
+                                          "bucketing(s=3)+geomed"]
+
+
 def test_exclude_removes_the_cells_matching_all_its_keys() -> None:
     text = ('rule = ["mean", "marmed", "meamed"]\nlr = [0.1, 0.2]\n'
             '[[exclude]]\nrule = ["mean", "meamed"]\nlr = 0.2\n')
@@ -146,15 +154,17 @@ def test_grids_lists_and_prints_the_shipped_files() -> None:
 
 
 def test_the_shipped_heterogeneity_grid_pairs_the_byzantine_and_the_iid_workers() -> None:
-    """Its slices as the file says: 1,224 runs; an attacked cell's Byzantine workers are its
-    iid workers (the split over the honest ones), an unattacked cell has neither."""
+    """Its slices as the file says: 1,572 runs; an attacked cell's Byzantine workers are its
+    iid workers (the split over the honest ones), and it has 17 workers; an unattacked
+    cell (the baseline) is the 13 honest workers alone."""
     grid = load_grid(shipped()["heterogeneity"])
-    assert len(grid.cells) == 1224
+    assert len(grid.cells) == 1572
     for cell in grid.cells:
         attacked = cell.attack["worker_attack"] != "none"
         expected = (0, 1, 2, 3) if attacked else ()
         assert tuple(cell.attack.get("byzantine_workers", ())) == expected
         assert tuple(cell.run["iid_workers"]) == expected
+        assert cell.run["num_workers"] == (17 if attacked else 13)
     assert grid.report is not None and grid.report.columns == "heterogeneity"
 
 
