@@ -3,7 +3,8 @@
 It pulls a consistent snapshot x^t from every shard (servers keep a few past
 rounds so a lagging reader still gets round t everywhere), and writes test
 loss, top-1 and top-3 accuracy as JSON lines: the record that tells whether
-training survived the attack.
+training survived the attack. Under ``--validation`` the figures are the held-out
+part of the training set's instead (``Evaluator.split``; the run's ``config.json``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.learn.data import Dataset, load_dataset
+from common.learn.data import Dataset, run_dataset
+from common.learn.data.validation import check_split
 from common.learn.models import build_model, load_flat_parameters
 from common.net.keys import KeyRing
 from common.net.protocol import ErrorCode
@@ -44,11 +46,15 @@ class Evaluation:
 
 
 class Evaluator:
-    """Evaluates flat parameter vectors on the test set (or its first ``max_samples``), on
-    ``device`` (default the CPU; the test batches move there as they are evaluated)."""
+    """Evaluates flat parameter vectors on the run's evaluation set, the test set or its
+    validation split (``split``; or its first ``max_samples``), on ``device`` (default the
+    CPU; the batches move there as they are evaluated). ``ValueError`` for a dataset not
+    built for ``cfg`` (``run_dataset``)."""
 
     def __init__(self, cfg: RunConfig, dataset: Dataset, max_samples: int | None = None,
                  device: torch.device | None = None) -> None:
+        check_split(dataset, cfg.validation)
+        self.split = dataset.evaluated_on
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes,
                                  cfg.seed).to(self.device)
@@ -79,7 +85,7 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
     """Evaluate rounds 0, k, 2k, ... and the last round; write ``evaluator.jsonl``."""
     every = evaluation.eval_every
     device = resolve_device(options.device)
-    dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
+    dataset = run_dataset(cfg, options.data_dir)
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples, device)
     log.info("evaluating on %s", describe(device))
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
@@ -103,8 +109,8 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
             result = evaluator.evaluate(params)
             metrics.write({"time": time.time(), "round": t, "loss": result.loss,
                            "top1": result.top1, "top3": result.top3})
-            log.info("round %d: test loss %.4f top-1 %.4f top-3 %.4f",
-                     t, result.loss, result.top1, result.top3)
+            log.info("round %d: %s loss %.4f top-1 %.4f top-3 %.4f",
+                     t, evaluator.split, result.loss, result.top1, result.top3)
             if t >= cfg.rounds:
                 return
             t = _next_round(t + 1, every, cfg.rounds)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ConfigError
-from common.learn.data import load_dataset
+from common.learn.data import run_dataset
 from common.net.keys import KeyRing
 from common.net.wire import BFLOAT16
 from common.run.buffers import HostBuffers
@@ -59,7 +59,7 @@ def run_worker(cfg: RunConfig, attack: AttackConfig, options: ClientOptions,
     servers = options.server_list(cfg.num_shards)
     # worker processes of one host spread over its GPUs by their place among the blocks
     device = resolve_device(options.device, slot=workers[0] // len(workers))
-    dataset = load_dataset(cfg.dataset, options.data_dir, seed=cfg.seed)
+    dataset = run_dataset(cfg, options.data_dir)
     computer = GradientComputer(cfg, dataset, device)
     policy = RetryPolicy(timeout_s=options.timeout_s, retries=options.retries)
     reserve_links(len(workers) * len(servers))

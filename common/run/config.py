@@ -1,7 +1,8 @@
 """The run configuration every role shares, and the attack scenario of a run.
 
 ``RunConfig`` holds what must be identical on every node of a run (model, data, n,
-S, rule, q, learning rate, worker momentum, batch, rounds, seed, partition). Its
+S, rule, q, learning rate, worker momentum, batch, rounds, seed, partition, validation
+split). Its
 ``config_hash`` is compared at the HELLO handshake, so a mis-configured process is
 refused with a message naming the settings that differ.
 
@@ -146,6 +147,12 @@ class RunConfig:
         "a proxy corrupts the decoded values and rounds what it forwards; the reference "
         "engine rounds at the same point). Parameters always travel as float32.",
         roles=ROLES, hashed=True, hash_default=False, choices=WIRE_DTYPES)
+    validation: float = setting(
+        0.0, "Share of the training set held out as the evaluation set, in place of the "
+        "test set, for tuning a setting: stratified by class, the same samples for every "
+        "seed (drawn from a fixed seed), taken out before --partition shares the rest over "
+        "the workers; 0: off, the test set.", roles=ROLES, hashed=True, hash_default=False,
+        minimum=0.0, maximum=1.0)
     # the values of the plugin rules' and pre-aggregators' options, (name, value) sorted
     plugin_options: tuple[tuple[str, Any], ...] = ()
 
@@ -217,6 +224,8 @@ class RunConfig:
         _check_ids("--iid-workers", self.iid_workers, self.num_workers)
         _require(len(self.iid_workers) < self.num_workers,
                  "--iid-workers must leave at least one worker for the --partition split")
+        _require(self.validation < 1, "--validation must be below 1 (the share of the "
+                 f"training set held out; 0: off), got {self.validation:g}")
         if not 0 <= self.worker_momentum < 1:
             raise ConfigError(f"--worker-momentum must be in [0, 1), got {self.worker_momentum}")
         if not self.q < self.num_workers:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from common.learn.data import load_dataset
+from common.learn.data import run_dataset
 from common.run.metrics import read_jsonl
 from common.run.process import pin_torch_threads
 from ps.launcher.cluster import BackgroundRun, Cluster, ClusterSpec
@@ -69,7 +69,7 @@ def run_with_faults(spec: ClusterSpec, schedule: list[tuple[int, str]]) -> dict:
     closed = [sum(bool(r["missing"]) for r in read_jsonl(out / f"server-{s}.jsonl"))
               for s in range(cfg.num_shards)]
     pin_torch_threads(1)  # as the workers compute
-    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    dataset = run_dataset(cfg)
     replayed = simulate(cfg, spec.attack, dataset=dataset, participation=participation)
     clean = simulate(cfg, spec.attack, dataset=dataset)
     evaluator = Evaluator(cfg, dataset, 512)

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from common.learn.data import dataset_shape
-from ps.experiments.grid import SCENARIOS
+from ps.experiments.grid import SCENARIOS, evaluated_on
 from ps.plots.style import line_style, pyplot, save
 
 SHORT_TITLES = {"none": "no attack", "gaussian": "Gaussian", "omniscient": "omniscient",
                 "bitflip": "bit-flip", "gambler": "gambler"}
-METRIC_LABELS = {"top1": "test top-1 accuracy", "top3": "test top-3 accuracy"}
+METRIC_NAMES = {"top1": "top-1 accuracy", "top3": "top-3 accuracy"}
 TOP_K = {"top1": 1, "top3": 3}
 ZOOM_FROM = 0.4  # the zoom shows the rounds after this fraction of the run
 FAILED_ABOVE_CHANCE = 0.1  # a final this close to chance failed (claims.FAIL_MARGIN)
@@ -52,6 +52,12 @@ def scenario_title(scenario: str, runs: list[dict[str, Any]], short: bool = Fals
             "bitflip": f"bit-flip (first 1000 coordinates, 1 of {n} values)",
             "gambler": f"gambler ({_values(runs, 'num_shards')} servers, one attacked, "
                        "p = 0.05 %)"}.get(scenario, scenario)
+
+
+def metric_label(metric: str, results: Iterable[dict[str, Any]]) -> str:
+    """``test top-1 accuracy``; ``validation top-1 accuracy`` for runs under
+    ``--validation``."""
+    return f"{evaluated_on(results)} {METRIC_NAMES[metric]}"
 
 
 def chance(results: Iterable[dict[str, Any]], metric: str) -> float:
@@ -140,7 +146,7 @@ def draw_scenario(ax_full, ax_zoom, results: list[dict[str, Any]], scenario: str
     _chance_line(ax_full, level)
     ax_full.set_title(scenario_title(scenario, runs, short))
     ax_full.set_xlabel("round")
-    ax_full.set_ylabel(METRIC_LABELS[metric])
+    ax_full.set_ylabel(metric_label(metric, runs))
     ax_full.set_ylim(0, 1)
     if ax_zoom is not None and finals:
         _zoom(ax_zoom, max(r["rounds"] for r in results), finals, level + FAILED_ABOVE_CHANCE)
@@ -198,7 +204,7 @@ def _byzantine_text(results: list[dict[str, Any]]) -> str:
 
 def _caption(results: list[dict[str, Any]], metric: str) -> str:
     return (f"{run_caption(results)}; lines: mean over seeds, band: lowest to highest seed; "
-            f"{METRIC_LABELS[metric]}")
+            f"{metric_label(metric, results)}")
 
 
 def q_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str) -> Path | None:
@@ -222,7 +228,7 @@ def q_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str) -> Pat
         _chance_line(ax, chance(runs, metric))
         ax.set_title(f"q sweep under {scenario_title(scenario, runs)}", fontsize=9)
         ax.set_xlabel("q (Byzantine values assumed per coordinate)")
-        ax.set_ylabel(f"final {METRIC_LABELS[metric]}")
+        ax.set_ylabel(f"final {metric_label(metric, runs)}")
         ax.set_ylim(0, 1)
         ax.legend()
     fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
@@ -263,11 +269,11 @@ def batch_sweep_figure(out: Path, results: list[dict[str, Any]], metric: str
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (lr = base lr × batch / base batch)")
     left.set_title("final accuracy without attack")
-    left.set_ylabel(f"final {METRIC_LABELS[metric]}")
+    left.set_ylabel(f"final {metric_label(metric, sweep)}")
     left.set_ylim(0, 1)
     left.legend(fontsize=8, ncol=2)
     right.set_title("gap to Mean at the same batch size (Mean − rule, paired by seed)")
-    right.set_ylabel(f"difference of final {METRIC_LABELS[metric]}")
+    right.set_ylabel(f"difference of final {metric_label(metric, sweep)}")
     if right.get_legend_handles_labels()[0]:
         right.legend(fontsize=8, ncol=2)
     fig.suptitle(run_caption(sweep) + "; mean ± std over seeds", fontsize=9)
@@ -285,7 +291,7 @@ def draw_all(out: Path, results: list[dict[str, Any]], metric: str) -> list[Path
 def _file_caption(results: list[dict[str, Any]], metric: str, axes) -> str:
     """How a grid file's worst-case figure was made, from its results."""
     return (f"{run_caption(results)}; worst case over {axes.worst_over} of the mean final "
-            f"{METRIC_LABELS[metric]} over seeds")
+            f"{metric_label(metric, results)} over seeds")
 
 
 def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
@@ -317,7 +323,7 @@ def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], me
         ax.set_xlabel(axes.columns)
         ax.set_ylabel(axes.rows)
         ax.set_title(", ".join(f"{a} = {v}" for a, v in zip(others, panel, strict=True)))
-    fig.colorbar(image, ax=grid[0].tolist(), label=f"worst final {METRIC_LABELS[metric]}")
+    fig.colorbar(image, ax=grid[0].tolist(), label=f"worst final {metric_label(metric, results)}")
     fig.suptitle(_file_caption(results, metric, axes), fontsize=9)
     return save(fig, out / "worst-case.png")
 
@@ -355,7 +361,7 @@ def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], met
                           [*zip(others, panel, strict=True), (axes.columns, column)])
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("round")
-        ax.set_ylabel(METRIC_LABELS[metric])
+        ax.set_ylabel(metric_label(metric, results))
         ax.set_ylim(0, 1)
     handles, labels = grid[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ps.experiments.claims import TIES_RULE, ties, ties_text
+from ps.experiments.grid import evaluated_on
 from ps.experiments.gridfile import (
     DEFENCE,
     HETEROGENEITY,
@@ -149,7 +150,8 @@ def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo
 
         others = report_others(grid, results)
         cases = worst_cases(results, info.metric, grid.report, others)
-        lines += _worst_tables(cases, grid.report, others, info.metric)
+        lines += _worst_tables(cases, grid.report, others,
+                               f"{evaluated_on(results)} {info.metric}")
         for path in (worst_case_heatmap(out, cases, grid.report, others, info.metric, results),
                      worst_case_curves(out, cases, grid.report, others, info.metric, results)):
             lines += ["", f"![{path.name}]({path.name})"]
@@ -170,7 +172,7 @@ def _cell_table(results: list[dict[str, Any]], metric: str, axes: tuple[str, ...
     for r in results:
         grouped[tuple(axis_value(r, a) for a in axes)].append(final(r, metric))
     names = list(axes) or ["cell"]
-    lines = ["", f"## Final test {metric} (mean ± std over seeds)", "",
+    lines = ["", f"## Final {evaluated_on(results)} {metric} (mean ± std over seeds)", "",
              "| " + " | ".join(names) + f" | {metric} | seeds |",
              "|" + "---|" * (len(names) + 2)]
     for values, finals in grouped.items():
@@ -181,10 +183,10 @@ def _cell_table(results: list[dict[str, Any]], metric: str, axes: tuple[str, ...
 
 
 def _worst_tables(cases: dict[tuple[str, ...], dict[tuple[str, str], WorstCase]],
-                  axes: ReportAxes, others: tuple[str, ...], metric: str) -> list[str]:
+                  axes: ReportAxes, others: tuple[str, ...], measure: str) -> list[str]:
     """Per panel: rows x columns, each the worst case over ``worst_over``, with its
-    seed spread and the value that gives it."""
-    lines = ["", f"## Worst case over {axes.worst_over}: final test {metric}", "",
+    seed spread and the value that gives it; ``measure``: ``test top1``..."""
+    lines = ["", f"## Worst case over {axes.worst_over}: final {measure}", "",
              f"Each entry: per seed the lowest final among the values of "
              f"{axes.worst_over}, then the mean (± std) of those over seeds, and the value "
              f"that is the worst on most seeds. {TIES_RULE}"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -111,11 +112,14 @@ class Cell:
 
     def tags(self) -> dict[str, Any]:
         """What the cell's result records beside its run's (a cached run may serve cells
-        of several figures), and n, f and S for the figures' captions."""
+        of several figures): n, f and S for the figures' captions, and under
+        ``--validation`` its share (the points are the validation split's, not the test
+        set's)."""
         cfg, attack = self.configs()
         return {"figure": self.figure, "num_workers": cfg.num_workers,
                 "num_byzantine": sum(map(attack.is_byzantine, range(cfg.num_workers))),
-                "num_shards": cfg.num_shards}
+                "num_shards": cfg.num_shards,
+                **({"validation": cfg.validation} if cfg.validation else {})}
 
     def label(self) -> str:
         extra = f" q={self.run['q']}" if self.figure == "q-sweep" else ""
@@ -124,6 +128,13 @@ class Cell:
         if self.figure == "modern":
             extra = f" momentum={self.run.get('worker_momentum', 0.0):g}"
         return f"{self.figure}/{self.scenario}/{self.defence}{extra}/seed {self.seed}"
+
+
+def evaluated_on(results: Iterable[dict[str, Any]]) -> str:
+    """What the points of ``results`` measure: ``test``, ``validation`` (cells run under
+    ``--validation``, tagged by :meth:`Cell.tags`) or, mixed, ``test and validation``."""
+    return " and ".join(sorted({"validation" if r.get("validation") else "test"
+                                for r in results}))
 
 
 @dataclass(frozen=True)

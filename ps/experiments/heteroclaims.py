@@ -29,6 +29,7 @@ from ps.experiments.claims import (
     negate,
 )
 from ps.experiments.filereport import final, heterogeneity
+from ps.experiments.grid import evaluated_on
 
 MOMENTUM = 0.9  # the main table's
 ROBUST = ("trimmed-mean", "krum", "geomed", "marmed")  # the rules NNM is put before
@@ -225,7 +226,8 @@ def hetero_claim_lines(results: list[dict[str, Any]], metric: str) -> list[str]:
     verdicts = {(c.text, s): c.check(f, s) for c in HETERO_CLAIMS for s in f.splits}
     if all(v.outcome in (NOT_RUN, NOT_APPLICABLE) for v in verdicts.values()):
         return []
-    lines = ["", f"## Claims on heterogeneous data (final test {metric})", "",
+    lines = ["", f"## Claims on heterogeneous data (final {evaluated_on(results)} {metric})",
+             "",
              f"Worker momentum {MOMENTUM:g} unless the claim is about it; verdicts by the "
              "95 % interval of each difference paired by seed (see the paper's claims).",
              "",

@@ -24,7 +24,7 @@ from ps.experiments.claims import (
     Measures,
     judge,
 )
-from ps.experiments.grid import SCENARIOS
+from ps.experiments.grid import SCENARIOS, evaluated_on
 
 
 def write_results(out: Path, results: list[dict[str, Any]]) -> Path:
@@ -112,16 +112,28 @@ def header(results: list[dict[str, Any]], info: ReportInfo, paper: bool = False
         f"{', '.join(map(str, sorted({r['seed'] for r in results})))}; metric: "
         f"{info.metric}",
         f"* Engine: {engine[info.engine]}",
+        *_evaluation_line(results),
         *([f"* **Unfinished**: {info.not_run} of the grid's {len(distinct) + info.not_run} "
            "distinct runs are not run yet (`--cached-only`): every claim reads the seeds "
            "its cells share"] if info.not_run else []),
     ]
 
 
+def _evaluation_line(results: list[dict[str, Any]]) -> list[str]:
+    """Where the runs under ``--validation`` were evaluated (nothing without any)."""
+    shares = sorted({r["validation"] for r in results if r.get("validation")})
+    if not shares:
+        return []
+    which = "every run" if evaluated_on(results) == "validation" else "the runs with it"
+    return [f"* Evaluation set: a validation split of the training set, not the test set "
+            f"(`--validation {', '.join(f'{v:g}' for v in shares)}`, {which}): stratified by "
+            "class, the same samples for every seed, held out of every worker's data"]
+
+
 def _table(results: list[dict[str, Any]], metric: str) -> list[str]:
     table = final_table(results, metric)
     scenarios = [s for s in SCENARIOS if any(s in row for row in table.values())]
-    lines = ["", f"## Final test {metric} (mean ± std over seeds)", "",
+    lines = ["", f"## Final {evaluated_on(results)} {metric} (mean ± std over seeds)", "",
              "| rule | " + " | ".join(scenarios) + " |", "|---|" + "---|" * len(scenarios)]
     lines += [f"| {rule} | " + " | ".join(_cell_text(row.get(s, [])) for s in scenarios)
               + " |" for rule, row in table.items()]

@@ -35,7 +35,7 @@ CLUSTER_DIR = "cluster"  # the run directories of cells run through the cluster
 STOP_POLL_S = 0.5  # how soon a stop request (SIGTERM, Ctrl-C) ends the cells running
 
 
-_datasets: dict[tuple[str, Path | None, int], Any] = {}
+_datasets: dict[tuple[str, Path | None, int, float], Any] = {}
 
 
 def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
@@ -43,7 +43,7 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
     """Train ``cell`` with the reference engine; its evaluation points and final hash."""
     import torch
 
-    from common.learn.data import load_dataset
+    from common.learn.data import run_dataset
     from common.run.model_init import initial_parameters
     from ps.reference.engine import simulate
     from worker.evaluator import Evaluator
@@ -51,9 +51,9 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
     torch.set_num_threads(1)  # one cell per core; and as the cluster's workers compute
     plugins.load_plugins({**cell.run, **cell.attack})  # (a fresh process: its plugins)
     cfg, attack = cell.configs()
-    key = (cfg.dataset, data_dir, cfg.seed)
+    key = (cfg.dataset, data_dir, cfg.seed, cfg.validation)
     if key not in _datasets:
-        _datasets[key] = load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+        _datasets[key] = run_dataset(cfg, data_dir)
     evaluator = Evaluator(cfg, _datasets[key], eval_samples)
     points = []
 
@@ -191,7 +191,7 @@ def run_cells(cells: Iterable[Cell], how: CellRun,
 
 # what a results line holds beside a run's own record (``Cell.tags``: the figure may be
 # another one that shares the run)
-TAG_KEYS = ("figure", "num_workers", "num_byzantine", "num_shards")
+TAG_KEYS = ("figure", "num_workers", "num_byzantine", "num_shards", "validation")
 
 
 def fill_cache(out: Path, directory: Path, cells: Sequence[Cell],

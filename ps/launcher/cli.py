@@ -125,7 +125,8 @@ def launch(values: dict[str, Any], process: ProcessOptions) -> None:
             events.update()
             events.close()
     display.finish()
-    click.echo(summary_line(cfg.rounds, result.seconds, result.progress))
+    click.echo(summary_line(cfg.rounds, result.seconds, result.progress,
+                            "validation" if cfg.validation else "test"))
     click.echo(f"final parameters sha256 {result.digest}")
     click.echo(f"logs and metrics: {out}")
     draw_finished_run(out)
@@ -144,16 +145,17 @@ def slow_curve(security: SecurityOptions) -> str:
     return curve_warning(wire_throughput(True, CURVE_QUICK_MESSAGES))
 
 
-def summary_line(rounds: int, seconds: float, p) -> str:
+def summary_line(rounds: int, seconds: float, p, split: str = "test") -> str:
     """The line a finished run prints: its wall time (start-up included), then the
     training rate over the span it is measured on (server 0's rounds after its first,
-    start-up excluded), with that span, so that each figure says what it covers."""
+    start-up excluded), with that span, so that each figure says what it covers; the
+    last evaluation, on ``split`` (``test``, or ``validation`` under ``--validation``)."""
     line = f"done: {rounds} rounds in {seconds:.1f} s wall time (start-up included)"
     if p.timed_rounds:
         line += (f"; the last {p.timed_rounds} rounds in {p.span_s:.2f} s, "
                  f"{p.rounds_per_s:.1f} rounds/s")
     if p.top1 is not None:
-        line += f"; test top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
+        line += f"; {split} top-1 {p.top1:.4f}, top-3 {p.top3:.4f}, loss {p.loss:.4f}"
     return line
 
 

@@ -164,11 +164,10 @@ class Cluster:
         worker left with less than a batch) and write their class counts,
         ``partition.json``. The dataset is the one :func:`prepare` kept (``--start
         fork``) or is loaded here."""
-        from common.learn.data import load_dataset, write_partition
+        from common.learn.data import run_dataset, write_partition
 
         cfg = self.spec.cfg
-        write_partition(self.out, cfg,
-                        load_dataset(cfg.dataset, self.spec.client.data_dir, seed=cfg.seed))
+        write_partition(self.out, cfg, run_dataset(cfg, self.spec.client.data_dir))
 
     def progress(self) -> Progress:
         """Current progress read from server 0's and the evaluator's metrics."""

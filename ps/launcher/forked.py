@@ -75,7 +75,7 @@ def prepare(cfg: RunConfig, data_dir: Path | None, torch_threads: int) -> Prepar
     started = time.perf_counter()
     from common.learn.data import preload_dataset
 
-    preload_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+    preload_dataset(cfg.dataset, data_dir, seed=cfg.seed, validation=cfg.validation)
     done.dataset_s = time.perf_counter() - started
     gc.collect()
     gc.freeze()  # the children's collections never touch (and so never copy) these pages

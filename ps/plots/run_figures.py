@@ -141,25 +141,28 @@ def _plot_series(ax: Axes, series: Series, ylabel: str) -> None:
 
 def draw_accuracy(run_dir: Path, config: dict[str, Any]) -> Path | None:
     """``accuracy.png``: test top-1 and top-3, and test loss (its finite points; the
-    title says when it diverged), against rounds."""
+    title says when it diverged), against rounds; the validation split's under
+    ``--validation``."""
     evals = read_rounds(metrics_file(run_dir, "evaluator"), "top1")
     if not evals:
         return None
     colour = rule_colour(config.get("run", {}).get("rule", ""))
-    fig, (acc, loss) = _figure("Test accuracy and loss", config, panels=2)
+    split = "validation" if config.get("run", {}).get("validation") else "test"
+    fig, (acc, loss) = _figure(f"{split.capitalize()} accuracy and loss", config, panels=2)
     rounds = [e["round"] for e in evals]
     acc.plot(rounds, [e["top1"] for e in evals], "-o", color=colour, markersize=3,
              label="top-1")
     acc.plot(rounds, [e["top3"] for e in evals], "--", color=colour, label="top-3")
-    acc.set(xlabel="round", ylabel="accuracy", ylim=(0, 1), title="test accuracy")
+    acc.set(xlabel="round", ylabel="accuracy", ylim=(0, 1), title=f"{split} accuracy")
     acc.legend()
-    _plot_loss(loss, evals, colour)
+    _plot_loss(loss, evals, colour, split)
     loss.set_xlim(acc.get_xlim())
     return save(fig, run_dir / "accuracy.png")
 
 
-def _plot_loss(ax: Axes, evals: list[dict[str, Any]], colour: str) -> None:
-    """The finite test losses; a NaN or infinite one is marked as the divergence."""
+def _plot_loss(ax: Axes, evals: list[dict[str, Any]], colour: str, split: str) -> None:
+    """The finite losses on ``split``; a NaN or infinite one is marked as the
+    divergence."""
     finite = [(e["round"], e["loss"]) for e in evals if math.isfinite(e["loss"])]
     ax.plot([t for t, _ in finite], [v for _, v in finite], "-o", color=colour, markersize=3)
     diverged = next((e["round"] for e in evals if not math.isfinite(e["loss"])), None)
@@ -167,8 +170,8 @@ def _plot_loss(ax: Axes, evals: list[dict[str, Any]], colour: str) -> None:
         ax.axvline(diverged, color="red", linestyle=":")
     if not finite:
         ax.text(0.5, 0.5, "no finite loss", transform=ax.transAxes, ha="center")
-    ax.set(xlabel="round", ylabel="loss", title="test loss" if diverged is None
-           else f"test loss (diverged at round {diverged})")
+    ax.set(xlabel="round", ylabel="loss", title=f"{split} loss" if diverged is None
+           else f"{split} loss (diverged at round {diverged})")
     _scale_y(ax, [v for _, v in finite])
 
 

@@ -53,7 +53,7 @@ def build_command() -> click.Command:
 def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOptions,
                         evaluation: EvalOptions, process: ProcessOptions,
                         replay: ReplayOptions) -> None:
-    from common.learn.data import load_dataset, write_partition
+    from common.learn.data import run_dataset, write_partition
     from ps.plots.run_figures import ENGINE_FILE, draw_finished_run
     from ps.plots.tensorboard import run_events
     from ps.reference.engine import simulate
@@ -69,7 +69,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
                    "rounds closed without some workers")
 
     device = resolve_device(client.device)
-    dataset = load_dataset(cfg.dataset, client.data_dir, seed=cfg.seed)
+    dataset = run_dataset(cfg, client.data_dir)
     evaluator = Evaluator(cfg, dataset, evaluation.eval_samples, device)
     out = process.out_dir
     if out:
@@ -89,7 +89,8 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
             return
         e = evaluator.evaluate(sim.params())
         metrics.write({"round": t, "loss": e.loss, "top1": e.top1, "top3": e.top3})
-        click.echo(f"round {t}: test loss {e.loss:.4f} top-1 {e.top1:.4f} top-3 {e.top3:.4f}")
+        click.echo(f"round {t}: {evaluator.split} loss {e.loss:.4f} top-1 {e.top1:.4f} "
+                   f"top-3 {e.top3:.4f}")
 
     try:
         result = simulate(cfg, attack, dataset=dataset, on_round=report,

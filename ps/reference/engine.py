@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError
-from common.learn.data import Dataset, load_dataset
+from common.learn.data import Dataset, run_dataset
 from common.learn.rules.defence import Defence
 from common.net.sharding import shard_ranges
 from common.net.wire import FLOAT32, round_to_wire
@@ -240,9 +240,10 @@ def simulate(
     device: torch.device | None = None,
 ) -> SimulationResult:
     """Run ``cfg.rounds`` rounds (aggregating the recorded ``participation``, default all
-    n every round), the workers' gradients on ``device`` (default the CPU);
-    ``on_round(t, sim)`` is called after each round."""
-    dataset = dataset or load_dataset(cfg.dataset, data_dir, seed=cfg.seed)
+    n every round) on ``dataset`` (default the run's, ``run_dataset``: what its workers
+    load), the workers' gradients on ``device`` (default the CPU); ``on_round(t, sim)`` is
+    called after each round."""
+    dataset = dataset or run_dataset(cfg, data_dir)
     sim = Simulation(cfg, attack, dataset, participation, device)
     started = time.perf_counter()
     for t in range(cfg.rounds):

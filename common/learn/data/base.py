@@ -30,7 +30,9 @@ class DatasetError(ConfigError):
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A loaded dataset: images (N, C, H, W) float32 standardised, labels int64."""
+    """A loaded dataset: images (N, C, H, W) float32 standardised, labels int64; the
+    evaluation set is the test set, or with ``validation`` > 0 that share of the training
+    set held out (``common.learn.data.validation``)."""
 
     name: str
     train_x: torch.Tensor
@@ -39,6 +41,12 @@ class Dataset:
     test_y: torch.Tensor
     input_shape: tuple[int, int, int]
     num_classes: int
+    validation: float = 0.0
+
+    @property
+    def evaluated_on(self) -> str:
+        """What ``test_x`` holds: ``"test"`` or ``"validation"``."""
+        return "validation" if self.validation else "test"
 
 
 # (data_dir or None, seed) -> Dataset

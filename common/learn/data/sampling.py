@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.errors import ConfigError
+from common.learn.data.validation import check_split
 from common.learn.seeding import derive_rng
 
 if TYPE_CHECKING:
@@ -112,7 +113,9 @@ def run_partitions(cfg: RunConfig, dataset: Dataset) -> list[np.ndarray]:
     or ``--gamma``), the split made over the workers not in ``--iid-workers``, each of
     those taking its share of the iid partition of the same seed; ``ConfigError`` naming
     the first worker left with fewer samples than one batch (it could not draw a
-    minibatch without repeating samples)."""
+    minibatch without repeating samples); ``ValueError`` for a dataset not built for
+    ``cfg``'s ``--validation`` (``run_dataset``)."""
+    check_split(dataset, cfg.validation)
     labels = dataset.train_y.numpy()
     n = cfg.num_workers
     spared = set(cfg.iid_workers) if cfg.partition != "iid" else set()
