@@ -14,16 +14,20 @@ Every figure is drawn from ``results`` (the records ``runner.run_cells`` returns
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.learn.data import dataset_shape
 from ps.experiments.grid import SCENARIOS, evaluated_on
 from ps.plots.style import line_style, pyplot, save
+
+if TYPE_CHECKING:
+    from ps.experiments.worstcase import Table
 
 SHORT_TITLES = {"none": "no attack", "gaussian": "Gaussian", "omniscient": "omniscient",
                 "bitflip": "bit-flip", "gambler": "gambler"}
@@ -33,6 +37,7 @@ ZOOM_FROM = 0.4  # the zoom shows the rounds after this fraction of the run
 FAILED_ABOVE_CHANCE = 0.1  # a final this close to chance failed (claims.FAIL_MARGIN)
 BASELINE_LABEL = "mean, no attack"
 MARKS = 6  # markers per line
+PANELS_PER_ROW = 4  # of the worst-case curves
 
 
 def _values(results: Iterable[dict[str, Any]], key: str) -> str:
@@ -294,55 +299,26 @@ def _file_caption(results: list[dict[str, Any]], metric: str, axes) -> str:
             f"{metric_label(metric, results)} over seeds")
 
 
-def worst_case_heatmap(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
-                       results: list[dict[str, Any]]) -> Path:
-    """``worst-case.png``: rows x columns of a grid file's ``[report]``, each square the
-    worst case over ``worst_over`` (ByzFL's heat map), one panel per value of the other
-    axes; the value and what gives it written in each square."""
-    plt = pyplot()
-    panels = list(cases.items())
-    rows = list(dict.fromkeys(r for _, table in panels for r, _ in table))
-    columns = list(dict.fromkeys(c for _, table in panels for _, c in table))
-    fig, grid = plt.subplots(1, len(panels), squeeze=False, constrained_layout=True,
-                             figsize=(1.3 * len(columns) * len(panels) + 2.8,
-                                      0.55 * len(rows) + 2.0))
-    image = None
-    for ax, (panel, table) in zip(grid[0], panels, strict=True):
-        values = np.array([[table[(r, c)].mean if (r, c) in table else np.nan
-                            for c in columns] for r in rows])
-        image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-        for (i, j), v in np.ndenumerate(values):
-            case = table.get((rows[i], columns[j]))
-            text = "-" if case is None else (
-                "NaN" if not np.isfinite(v) else f"{v:.2f}") + f"\n{case.where}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="black" if v > 0.6 else "white")
-        ax.set_xticks(range(len(columns)), columns, rotation=35, ha="right")
-        ax.set_yticks(range(len(rows)), rows)
-        ax.grid(False)
-        ax.set_xlabel(axes.columns)
-        ax.set_ylabel(axes.rows)
-        ax.set_title(", ".join(f"{a} = {v}" for a, v in zip(others, panel, strict=True)))
-    fig.colorbar(image, ax=grid[0].tolist(), label=f"worst final {metric_label(metric, results)}")
-    fig.suptitle(_file_caption(results, metric, axes), fontsize=9)
-    return save(fig, out / "worst-case.png")
-
-
-def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], metric: str,
+def worst_case_curves(out: Path, tables: list[Table], axes, metric: str,
                       results: list[dict[str, Any]]) -> Path:
     """``worst-curves.png``: accuracy against rounds of each row at its worst case, one
-    panel per column (and value of the other axes), above a zoom on the late rounds near
-    the best final; the band spans the seeds."""
+    panel per column of each table (one set of ``worst_over`` values, in its title),
+    above a zoom on the late rounds near the best final, at most ``PANELS_PER_ROW``
+    panels a row; the band spans the seeds."""
     plt = pyplot()
-    panels = [(panel, column, {r: case for (r, c), case in table.items() if c == column})
-              for panel, table in cases.items()
-              for column in dict.fromkeys(c for _, c in table)]
+    panels = [(table.panel, column, {r: case for (r, c), case in table.cells.items()
+                                     if c == column and case is not None})
+              for table in tables for column in table.columns]
     rows = list(dict.fromkeys(r for _, _, lines in panels for r in lines))
-    fig, grid = plt.subplots(2, len(panels), figsize=(4.4 * len(panels), 7.5), squeeze=False,
-                             constrained_layout=True)
+    per_row = min(len(panels), PANELS_PER_ROW)
+    pairs = -(-len(panels) // per_row)  # rows of panels, each above its zoom
+    fig, grid = plt.subplots(2 * pairs, per_row, figsize=(4.4 * per_row, 7.5 * pairs),
+                             squeeze=False, constrained_layout=True)
+    slots = [grid[2 * (k // per_row):2 * (k // per_row) + 2, k % per_row]
+             for k in range(pairs * per_row)]
     level = chance(results, metric)
     last = max(r["rounds"] for r in results)
-    for ax, zoom, (panel, column, lines) in zip(grid[0], grid[1], panels, strict=True):
+    for (ax, zoom), (panel, column, lines) in zip(slots, panels, strict=False):
         finals = []
         for row in rows:
             if row not in lines:
@@ -357,12 +333,14 @@ def worst_case_curves(out: Path, cases: dict, axes, others: tuple[str, ...], met
             _zoom(zoom, last, finals, level + FAILED_ABOVE_CHANCE)
         zoom.set_title("zoom: late rounds", fontsize=9)
         zoom.set_xlabel("round")
-        title = ", ".join(f"{a} = {v}" for a, v in
-                          [*zip(others, panel, strict=True), (axes.columns, column)])
-        ax.set_title(title, fontsize=9)
+        title = f"{panel.title(axes.worst_over)}; {axes.columns} = {column}"
+        ax.set_title(textwrap.fill(title, 48), fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel(metric_label(metric, results))
         ax.set_ylim(0, 1)
+    for unused in slots[len(panels):]:
+        for ax in unused:
+            ax.set_visible(False)
     handles, labels = grid[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
     fig.suptitle(_file_caption(results, metric, axes) + f"; lines: {axes.rows}", fontsize=9)

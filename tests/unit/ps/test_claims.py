@@ -28,9 +28,10 @@ from ps.experiments.claims import (
     ties_text,
     within,
 )
-from ps.experiments.filereport import report_others, worst_cases
+from ps.experiments.filereport import report_others
 from ps.experiments.gridfile import GridFile, ReportAxes
 from ps.experiments.modern import modern_tables
+from ps.experiments.worstcase import worst_cases
 
 TIGHT = 0.002  # the seeds' offsets from the cell's mean: about -TIGHT, 0, +TIGHT, each
 # cell's own (a difference paired by seed has a spread too)
@@ -274,8 +275,9 @@ def test_a_grid_files_worst_case_keeps_its_ties() -> None:
                 "defence": "krum", "points": [{"top1": v}]}
                for attack, values in (("alie", [0.5, 0.52]), ("ipm", [0.53, 0.51]),
                                       ("inf", [0.9, 0.91])) for v in values]
-    (table,) = worst_cases(results, "top1", axes, ()).values()
-    case = table[("krum", "0.9")]
+    (table,) = worst_cases(results, "top1", axes, ())
+    case = table.cells[("krum", "0.9")]
+    assert case is not None
     assert (case.where, case.ties) == ("alie", ["ipm"])
 
 
@@ -289,8 +291,8 @@ def test_the_heterogeneity_axis_names_each_split_with_its_parameter() -> None:
                for attack, v in (("alie", 0.5 if alpha == 0.1 else 0.7), ("ipm", 0.6))]
     grid = GridFile("g", [], ("rule", "partition", "alpha", "worker-attack"), {}, axes)
     assert report_others(grid, results) == ()  # partition, alpha: in the columns
-    (table,) = worst_cases(results, "top1", axes, ()).values()
-    assert {column: case.where for (_, column), case in table.items()} == {
+    (table,) = worst_cases(results, "top1", axes, ())
+    assert {column: case and case.where for (_, column), case in table.cells.items()} == {
         "iid": "ipm", "dirichlet α=1": "ipm", "dirichlet α=0.1": "alie"}
 
 
@@ -300,6 +302,7 @@ def test_a_grid_files_worst_case_is_per_seed_then_over_seeds() -> None:
                 "defence": "krum", "seed": seed, "points": [{"top1": v}]}
                for attack, values in (("alie", [0.5, 0.9, 0.5]), ("ipm", [0.9, 0.5, 0.9]))
                for seed, v in enumerate(values)]
-    (table,) = worst_cases(results, "top1", axes, ()).values()
-    case = table[("krum", "0.9")]
+    (table,) = worst_cases(results, "top1", axes, ())
+    case = table.cells[("krum", "0.9")]
+    assert case is not None
     assert (case.where, case.mean, case.std, case.seeds) == ("alie", 0.5, 0.0, 3)

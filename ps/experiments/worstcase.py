@@ -1,0 +1,170 @@
+"""A grid file's worst cases over ``[report]``'s ``worst_over`` axis (ByzFL's worst case
+over the attacks), with one set of its values per table: every entry of a table is a
+worst case over the same values, named in its title, so that a worst case over two
+attacks is never shown beside one over eight as if alike.
+
+The sets are the cells' own (the values of ``worst_over`` each (panel, row, column) ran).
+A set's *home* panels (values of the other axes) are those where a cell ran exactly it;
+its tables have the columns where a home panel ran all of it and every row a home panel
+ran there, one table for every panel that ran all of it in one of those cells: momentum
+0 run against ALIE and Mimic alone gives a table over those two, and momentum 0.9 a
+table over the same two on the same rows and columns beside it; the cells that ran more
+are taken over the set's values only. A cell that ran part of the set is *n/a*
+(``None``), never a worst case over fewer values; one that did not run is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ps.experiments.claims import TIES_RULE, ties, ties_text
+from ps.experiments.filereport import axis_value, final, spread, spread_text
+from ps.experiments.gridfile import ReportAxes
+
+NOT_APPLICABLE = "n/a"  # ran part of its table's set
+NOT_RUN = "-"
+
+Runs = list[dict[str, Any]]
+
+
+@dataclass
+class WorstCase:
+    """A row's worst case over a set of ``worst_over`` values at one column: per seed
+    the lowest final over those values, then the mean and spread of those minima over
+    seeds (a minimum of means would be biased up)."""
+
+    mean: float  # NaN: a seed diverged
+    std: float  # over seeds, of the per-seed minima
+    seeds: int
+    where: str  # the value of the worst_over axis that is the worst on most seeds
+    runs: Runs  # its cells, one per seed (its curves)
+    ties: list[str] | None = None  # values not ranked apart from it (None: one seed)
+
+    def text(self) -> str:
+        """``0.251 ± 0.025 (alie; ~ none)``, as the tables show it."""
+        return (f"{spread_text(self.mean, self.std, self.seeds)} "
+                f"({self.where}{ties_text(self.ties)})")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """What a table holds fixed: the values of the axes the ``[report]`` table does not
+    name, and the values of ``worst_over`` that each of its entries is a worst case
+    over (in the grid's order)."""
+
+    fixed: tuple[tuple[str, str], ...]  # (axis, value)
+    over: tuple[str, ...]
+
+    def title(self, worst_over: str) -> str:
+        """``worker-momentum = 0; worst over worker-attack: none, alie, mimic``."""
+        over = f"worst over {worst_over}: {', '.join(self.over)}"
+        return "; ".join([*(f"{a} = {v}" for a, v in self.fixed), over])
+
+
+@dataclass
+class Table:
+    """A panel's rows x columns: a worst case, ``None`` (n/a: the cell ran part of the
+    panel's set) or nothing (not run) in each."""
+
+    panel: Panel
+    rows: list[str]
+    columns: list[str]
+    cells: dict[tuple[str, str], WorstCase | None]
+
+
+Cell = tuple[tuple[str, ...], str, str]  # the values of the other axes, row, column
+
+
+def worst_cases(results: Runs, metric: str, axes: ReportAxes, others: tuple[str, ...]
+                ) -> list[Table]:
+    """The tables of the worst cases over ``axes.worst_over``, one set of its values
+    each (see the module): per seed the lowest final ``metric`` over the set (a diverged
+    one, NaN, the lowest), over the seeds every value ran; the value worst on most seeds
+    (ties: the lowest mean) names it."""
+    ran: dict[Cell, dict[str, Runs]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        cell = (tuple(axis_value(r, a) for a in others), axis_value(r, axes.rows),
+                axis_value(r, axes.columns))
+        ran[cell][axis_value(r, axes.worst_over)].append(r)
+    values = list(dict.fromkeys(w for by_where in ran.values() for w in by_where))
+    homes: dict[tuple[str, ...], set[tuple[str, ...]]] = defaultdict(set)
+    for (panel, _, _), by_where in ran.items():
+        homes[tuple(v for v in values if v in by_where)].add(panel)
+    return [table for over, panels in homes.items()
+            for table in _tables(ran, over, panels, others, metric)]
+
+
+def _tables(ran: dict[Cell, dict[str, Runs]], over: tuple[str, ...],
+            homes: set[tuple[str, ...]], others: tuple[str, ...], metric: str) -> list[Table]:
+    """The tables over the set ``over`` (``homes``: the panels where a cell ran exactly
+    it): its columns those where a home panel ran all of it, its rows every row a home
+    panel ran there; one table per panel that ran all of it in one of those cells."""
+    covering = [cell for cell, by_where in ran.items() if set(over) <= by_where.keys()]
+    columns = list(dict.fromkeys(column for panel, _, column in covering if panel in homes))
+    rows = list(dict.fromkeys(row for panel, row, column in ran
+                              if panel in homes and column in columns))
+    panels = dict.fromkeys(panel for panel, row, column in covering
+                           if row in rows and column in columns)
+    tables = []
+    for panel in sorted(panels, key=list(dict.fromkeys(c[0] for c in ran)).index):
+        cells: dict[tuple[str, str], WorstCase | None] = {}
+        for row in rows:
+            for column in columns:
+                by_where = ran.get((panel, row, column))
+                if by_where is not None:
+                    cells[(row, column)] = (_worst_case({w: by_where[w] for w in over}, metric)
+                                            if set(over) <= by_where.keys() else None)
+        fixed = tuple(zip(others, panel, strict=True))
+        tables.append(Table(Panel(fixed, over), rows, columns, cells))
+    return tables
+
+
+def _worst_case(by_where: dict[str, Runs], metric: str) -> WorstCase:
+    """The worst case over ``by_where``'s values (each its runs, one per seed)."""
+    per_seed = {w: {r.get("seed", i): final(r, metric) for i, r in enumerate(runs)}
+                for w, runs in by_where.items()}  # (without seeds: by position)
+    seeds = set.intersection(*(set(v) for v in per_seed.values()))
+    lows = [min((v[s] for v in per_seed.values()), key=_low) for s in sorted(seeds, key=str)]
+    worst_on = Counter(min(per_seed, key=lambda w: _low(per_seed[w][s])) for s in seeds)
+    means = {w: statistics.fmean(map(_low, v.values())) for w, v in per_seed.items()}
+    where = min(per_seed, key=lambda w: (-worst_on[w], means[w]))
+    mean, std = spread(lows)
+    values = {w: [per_seed[w][s] for s in sorted(seeds, key=str)] for w in per_seed}
+    return WorstCase(mean, std, len(lows), where, by_where[where],
+                     ties(values[where], {w: v for w, v in values.items() if w != where}))
+
+
+def _low(value: float) -> float:
+    """A diverged final (NaN) ranks below every other."""
+    return -math.inf if math.isnan(value) else value
+
+
+def worst_tables(tables: list[Table], axes: ReportAxes, measure: str) -> list[str]:
+    """Markdown: each table under its title (its set of ``worst_over`` values), rows x
+    columns, each entry the worst case with its seed spread and the value that gives
+    it; ``measure``: ``test top1``..."""
+    lines = ["", f"## Worst case over {axes.worst_over}: final {measure}", "",
+             f"Each table is over one set of values of {axes.worst_over}, named in its "
+             "title. Each entry: per seed the lowest final among those values, then the "
+             "mean (± std) of those over seeds, and the value that is the worst on most "
+             f"seeds; *{NOT_APPLICABLE}*: the cell ran only some of the set's values (no "
+             f"worst case over fewer is shown); *{NOT_RUN}*: not run. {TIES_RULE}"]
+    for table in tables:
+        lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
+                  f"| {axes.rows} \\ {axes.columns} | " + " | ".join(table.columns) + " |",
+                  "|---|" + "---|" * len(table.columns)]
+        for row in table.rows:
+            entries = [_entry(table, row, column) for column in table.columns]
+            lines.append(f"| {row} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def _entry(table: Table, row: str, column: str) -> str:
+    if (row, column) not in table.cells:
+        return NOT_RUN
+    case = table.cells[(row, column)]
+    return NOT_APPLICABLE if case is None else case.text()
