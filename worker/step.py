@@ -43,6 +43,16 @@ class WorkerStep:
             g = byzantine_gradient(self.cfg, self.attack, self.computer, x, round_,
                                    self.worker, state=self.state)
             return g, float("nan")
-        out = None if self.buffers is None else self.buffers.take()
-        g, loss = self.computer.gradient(x, round_, self.worker, out=out)
+        g, loss = self.computer.gradient(x, round_, self.worker, out=self.vector())
         return self.momentum(g), loss
+
+    def vector(self) -> np.ndarray:
+        """A float32 (d,) vector for this round's gradient: one of ``buffers``', or new."""
+        if self.buffers is None:
+            return np.empty(self.computer.d, np.float32)
+        return self.buffers.take()
+
+    def push(self, gradient: np.ndarray) -> np.ndarray:
+        """The vector an honest worker pushes after ``gradient`` (in a vector of
+        :meth:`vector`), computed elsewhere: the reference engine's batched call."""
+        return self.momentum(gradient)

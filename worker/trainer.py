@@ -66,26 +66,31 @@ class GradientComputer:
         # pool from handing it out again, so its values are still the model's)
         self._loaded: np.ndarray | None = None
 
+    def load(self, x: np.ndarray) -> None:
+        """Load parameters ``x`` (float32 (d,)) into the model, unless it is the very
+        array loaded last time, whose values must not have changed since (a received x^t
+        is only read)."""
+        if x.dtype != np.float32 or x.shape != (self.d,):
+            raise ValueError(f"parameters must be float32 of shape ({self.d},), got "
+                             f"{x.dtype} {x.shape}")
+        if x is not self._loaded:
+            with torch.no_grad():
+                self.flat_params.copy_(_host_tensor(x))
+            self._loaded = x
+
     def gradient(self, x: np.ndarray, round_: int, worker: int,
                  relabel: Callable[[Any, int], Any] | None = None,
                  out: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         """(g_worker^round as float32 (d,), minibatch loss) at parameters ``x``; with
         ``relabel``, of the labels ``relabel(targets, num_classes)`` (label flipping).
         The gradient is copied into ``out`` (a float32 (d,) host vector, returned), or
-        into a new array. ``x`` is loaded unless it is the very array loaded last time,
-        whose values must not have changed since (a received x^t is only read)."""
-        if x.dtype != np.float32 or x.shape != (self.d,):
-            raise ValueError(f"parameters must be float32 of shape ({self.d},), got "
-                             f"{x.dtype} {x.shape}")
+        into a new array. ``x`` is loaded as :meth:`load` loads it."""
+        self.load(x)
         if out is None:
             out = np.empty(self.d, dtype=np.float32)
         elif out.dtype != np.float32 or out.shape != (self.d,):
             raise ValueError(f"the gradient's vector must be float32 of shape ({self.d},), "
                              f"got {out.dtype} {out.shape}")
-        if x is not self._loaded:
-            with torch.no_grad():
-                self.flat_params.copy_(_host_tensor(x))
-            self._loaded = x
         self.model.train()
         self.flat_grads.zero_()
         idx = minibatch_indices(

@@ -9,7 +9,9 @@ deadline without some workers), it aggregates exactly the pushes that run did. I
 also the fast path for parameter sweeps: the workers whose PARAMS no proxy replaced
 pull one vector (loaded into the model once a round), and with a coordinate-wise defence
 the consecutive shards no proxy fronts are hosted as one server process would host them
-(one rule call, bit for bit the shards' own).
+(one rule call, bit for bit the shards' own); the honest workers that pulled alike
+compute their gradients in one batched call (``ps/reference/batched.py``, bit for bit
+each worker's own).
 
 Worker momentum (``--worker-momentum``) is kept per worker as the worker processes keep
 it, every worker computing every round from round 0: a run without faults is reproduced
@@ -36,6 +38,7 @@ from common.run.config import AttackConfig, RunConfig
 from common.run.model_init import initial_parameters
 from common.run.process import check_stop
 from ps.proxy.corruption import ShardCorruptor
+from ps.reference.batched import BatchedGradients
 from ps.reference.participation import Participation
 from server.checkpoint import params_digest
 from server.group import ShardGroup
@@ -64,7 +67,7 @@ class Simulation:
 
     def __init__(self, cfg: RunConfig, attack: AttackConfig, dataset: Dataset,
                  participation: Participation | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, batched: bool = True) -> None:
         self.cfg = cfg
         self.attack = attack
         self.participation = participation or Participation()
@@ -91,6 +94,10 @@ class Simulation:
         vectors = HostBuffers(self.computer.d)
         self.workers = [WorkerStep(cfg, attack, self.computer, i, vectors)
                         for i in range(cfg.num_workers)]
+        # the honest workers' gradients in one call where they pulled alike, bit for bit
+        # each worker's own (``ps/reference/batched.py``); ``batched=False``: one by one
+        self.batched = (BatchedGradients(self.computer) if batched and
+                        BatchedGradients.supports(self.computer, cfg.num_workers) else None)
         # with bfloat16 on the wire: the pushes as the servers widen them, and the bits
         self.wired = HostBuffers(self.computer.d)
         self.bits = HostBuffers(self.computer.d, dtype=np.uint16)
@@ -136,8 +143,15 @@ class Simulation:
                     raise RuntimeError(f"worker {i} is Byzantine but has no attack state")
                 state.honest = {j: self.workers[j].momentum.copy() for j in honest}
                 self.tracking.add(i)
-        for i in honest:
-            grads[i] = self.workers[i](views[i], t)[0]
+        batched = (self.batched if self.batched is not None and honest
+                   and self._pulled_alike(views, honest[0], honest) else None)
+        outs = [] if batched is None else [self.workers[i].vector() for i in honest]
+        if batched is not None and batched.gradients(views[honest[0]], t, honest, outs):
+            for i, out in zip(honest, outs, strict=True):
+                grads[i] = self.workers[i].push(out)
+        else:
+            for i in honest:
+                grads[i] = self.workers[i](views[i], t)[0]
         # a stateful attack forges with each worker's own memory, as in its process
         stateful = bool(byzantine) and worker_attack(self.attack).stateful
         rows = None  # the honest vectors, for the Byzantine workers that pulled alike
