@@ -12,6 +12,7 @@ clone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -73,23 +74,38 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
 
 
 def machine() -> str:
-    """What a run's floating-point rounding depends on besides the code: the CPU and the
-    numeric libraries. The same cell run where this differs may end with other bits
-    (the same experiment, rounded otherwise), so only runs of one machine are compared
-    bit for bit."""
+    """What a run's floating-point rounding depends on besides the code: the CPU (its
+    model name, family/model/stepping and a digest of its feature flags: hosts sold under
+    one name differ in the vector units the libraries pick) and the numeric libraries
+    (torch with the CPU capability it dispatches to). The same cell run where this
+    differs may end with other bits (the same experiment, rounded otherwise), so only
+    runs of one machine are compared bit for bit."""
     import platform
 
     import numpy
     import torch
 
-    model = platform.processor() or platform.machine()
+    fields = {"model name": platform.processor() or platform.machine()}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info
-                          if line.startswith("model name")), model)
+            for line in info:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
+                if key.strip() == "model name":
+                    fields["model name"] = value.strip()
     except OSError:
         pass
-    return f"{model}; torch {torch.__version__}; numpy {numpy.__version__}"
+    cpu = fields["model name"]
+    if "cpu family" in fields:
+        cpu += (f" (family {fields['cpu family']} model {fields.get('model', '?')}"
+                f" stepping {fields.get('stepping', '?')})")
+    if "flags" in fields:
+        flags = " ".join(sorted(fields["flags"].split()))
+        cpu += f" flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{cpu}; torch {torch.__version__} {capability}; numpy {numpy.__version__}"
 
 
 def run_cluster_cell(cell: Cell, out: Path, data_dir: Path | None, eval_every: int,

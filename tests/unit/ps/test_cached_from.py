@@ -100,3 +100,17 @@ def test_only_cells_run_on_this_machine_are_verified_through_the_cluster(
     assert runner.verify_sample(cells, [*results[:1], {**results[1], "machine": there}], 2,
                                 CellRun(tmp_path, None, 2, None), lines.append) == []
     assert "no cell was run on this machine" in lines[0]
+
+
+def test_a_machine_is_named_by_what_its_rounding_depends_on() -> None:
+    """Two hosts sold as one CPU model can dispatch to other vector units (runs of one
+    such name did not reproduce each other's bits): the CPU's flags and torch's
+    capability are part of the name."""
+    import torch
+
+    from ps.experiments import runner
+
+    name = runner.machine()
+    assert f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()};" in name
+    if Path("/proc/cpuinfo").exists():
+        assert " flags " in name and "family " in name
