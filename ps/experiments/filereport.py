@@ -19,6 +19,7 @@ from ps.experiments.gridfile import (
     HETEROGENEITY,
     PARTITION_KEYS,
     GridFile,
+    defence_keys,
     value_text,
 )
 from ps.experiments.report import ReportInfo, header, verification_lines
@@ -76,7 +77,7 @@ def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, .
         return ()
     named = {axes.rows, axes.columns, axes.worst_over}
     if DEFENCE in named:
-        named |= {"rule", "pre"}
+        named |= set(defence_keys())
     if HETEROGENEITY in named:
         named |= set(PARTITION_KEYS)
     worst = {axis_value(r, axes.worst_over) for r in results}

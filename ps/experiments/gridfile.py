@@ -67,6 +67,15 @@ DEFENCE = "defence"  # a report axis: the pre-aggregation chain and the rule tog
 HETEROGENEITY = "heterogeneity"  # a report axis: the partition with its alpha or gamma
 PARTITION_KEYS = ("partition", "alpha", "gamma")  # the grid keys HETEROGENEITY stands for
 REPORT_KEYS = ("rows", "columns", "worst_over")
+
+
+def defence_keys() -> tuple[str, ...]:
+    """The grid keys DEFENCE stands for: the rule, the chain and the chain's options
+    (its name carries them: ``GridCell.defence``)."""
+    options = (d.flag.removeprefix("--") for cls in PRE_AGGREGATORS.values()
+               for d in option_settings(cls) if d.flag)
+    return ("rule", "pre", *dict.fromkeys(options))
+
 FIGURE = "grid"  # the figure of every cell of a grid file
 SHIPPED = "grids"  # the package folder of the shipped grid files
 
@@ -352,7 +361,7 @@ def _report(name: str, table: Any, axes: tuple[str, ...]) -> ReportAxes | None:
     if len(set(named)) < len(named):
         raise ConfigError(f"{where}: rows, columns and worst_over must be three different "
                           "axes")
-    for combined, parts in ((DEFENCE, ("rule", "pre")), (HETEROGENEITY, PARTITION_KEYS)):
+    for combined, parts in ((DEFENCE, defence_keys()), (HETEROGENEITY, PARTITION_KEYS)):
         if combined in named and any(n in parts for n in named):
             raise ConfigError(f"{where}: rows, columns and worst_over must be three "
                               f"different axes ({combined} holds {', '.join(parts)})")

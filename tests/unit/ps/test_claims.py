@@ -296,6 +296,20 @@ def test_the_heterogeneity_axis_names_each_split_with_its_parameter() -> None:
         "iid": "ipm", "dirichlet α=1": "ipm", "dirichlet α=0.1": "alie"}
 
 
+def test_a_swept_bucket_size_is_part_of_the_defence_not_a_panel() -> None:
+    axes = ReportAxes("defence", "worker-momentum", "worker-attack")
+    results = [{"axes": {"rule": "geomed", "pre": "bucketing", "bucket-size": size,
+                         "worker-momentum": 0.9, "worker-attack": attack},
+                "defence": "bucketing+geomed" if size == 2 else f"bucketing(s={size})+geomed",
+                "points": [{"top1": 0.5}]}
+               for size in (2, 4) for attack in ("alie", "ipm")]
+    grid = GridFile("g", [], ("rule", "pre", "bucket-size", "worker-momentum",
+                              "worker-attack"), {}, axes)
+    assert report_others(grid, results) == ()
+    (table,) = worst_cases(results, "top1", axes, ())
+    assert table.rows == ["bucketing+geomed", "bucketing(s=4)+geomed"]
+
+
 def test_a_grid_files_worst_case_is_per_seed_then_over_seeds() -> None:
     axes = ReportAxes("rule", "worker-momentum", "worker-attack")
     results = [{"axes": {"rule": "krum", "worker-momentum": 0.9, "worker-attack": attack},
