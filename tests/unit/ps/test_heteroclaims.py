@@ -71,6 +71,11 @@ def test_mimic_costs_a_robust_rule_more_than_the_near_margin() -> None:
     assert _mimic_costs(_finals(none, _runs("krum", split, "mimic", 0.75, WIDE)),
                         split).outcome == INCONCLUSIVE
     assert _mimic_costs(_finals(none), split).outcome == NOT_RUN
+    # Karimireddy et al.'s adaptive mimic is the one read where it ran
+    both = _finals(none, _runs("krum", split, "mimic", 0.60),
+                   _runs("krum", split, "mimic-adaptive", 0.79))
+    verdict = _mimic_costs(both, split)
+    assert verdict.outcome == DIFFERS and verdict.evidence.startswith("mimic-adaptive: ")
 
 
 def test_momentum_helps_over_the_attacks_run_at_both_momenta() -> None:
