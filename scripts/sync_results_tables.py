@@ -41,11 +41,13 @@ def _first_cells(table: Table) -> set[str]:
 
 
 def best_match(table: Table, candidates: list[Table]) -> Table | None:
-    """The candidate with ``table``'s header that shares the most first cells with it."""
+    """The candidate with ``table``'s header that shares the most first cells with it,
+    and of those (tables of one report alike but for a panel) the most whole rows."""
     same = [c for c in candidates if c[0] == table[0]]
     if not same:
         return None
-    return max(same, key=lambda c: len(_first_cells(c) & _first_cells(table)))
+    return max(same, key=lambda c: (len(_first_cells(c) & _first_cells(table)),
+                                    len(set(c[2:]) & set(table[2:]))))
 
 
 def published_tables() -> list[Table]:
