@@ -149,7 +149,7 @@ def test_a_failing_process_stops_the_cluster_and_is_named(tmp_path: Path,
     # partition before starting them), but its children, started as fresh interpreters,
     # have none; every worker fails with a configuration error (exit 2), and the first
     # one is named
-    monkeypatch.setitem(common.learn.data._preloaded, ("mnist", None, 3),
+    monkeypatch.setitem(common.learn.data._preloaded, ("mnist", None, 3, 0.0),
                         common.learn.data.load_dataset("synthetic", seed=3))
     with pytest.raises(ProcessFailed) as info:
         _run(tmp_path, dataset="mnist", start="exec")

@@ -11,6 +11,7 @@ import pytest
 from common.learn.data import load_dataset
 from common.run.config import AttackConfig, RunConfig
 from common.run.model_init import initial_parameters
+from ps.reference.batched import BatchedGradients
 from ps.reference.engine import simulate
 from worker.byzantine import ByzantineState, byzantine_gradient
 from worker.step import WorkerStep
@@ -64,7 +65,11 @@ def test_a_byzantine_row_holds_its_own_memory_only(computer: GradientComputer,
 
 
 def test_the_reference_engine_runs_the_workers_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every honest row of the engine is a ``WorkerStep``'s: a changed step changes it."""
+    """Every honest row of the engine's per-worker path is a ``WorkerStep``'s: a changed
+    step changes it (the batched path is that path bit for bit: tests/unit/ps/
+    test_batched.py)."""
+    monkeypatch.setattr(BatchedGradients, "supports",
+                        staticmethod(lambda computer, workers: False))
     cfg = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rounds=2, rule="mean",
                     q=0).validate()
     attack = AttackConfig().validate(cfg)
