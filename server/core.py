@@ -144,6 +144,7 @@ class ServerCore:
         self.parked_per_peer: Counter[Peer] = Counter()
         self.readers_waiting: set[Peer] = set()
         self.evaluator_arrived = False  # an evaluator has said HELLO (--await-evaluator)
+        self.evaluator_logged = False  # the line saying round 0 waits for it is out
         self.bytes_in = 0
         self.finished_at: float | None = None
         self.quorum = options.rows_needed(cfg)
@@ -251,6 +252,8 @@ class ServerCore:
         is in, with the quorum; or it is past its ``deadline`` with the quorum. None: it
         may not yet."""
         state = self.state
+        if self._awaits_evaluator(now):
+            return None
         if state.complete:
             return "all"
         if (state.pushes >= self.quorum and self.absent.any()
@@ -266,6 +269,20 @@ class ServerCore:
             log.warning("round %d is past its deadline with %d pushes; waiting for the "
                         "quorum of %d", state.round, state.pushes, self.quorum)
         return None
+
+    def _awaits_evaluator(self, now: float) -> bool:
+        """Round 0 stays open until an awaited evaluator (``--await-evaluator``) has
+        said HELLO, at most ``--linger`` seconds after its first push: the evaluator reads
+        the run's starting point, however late it starts on a loaded host (the servers
+        keep only a few past rounds). A resumed run and a run without one never wait."""
+        if (not self.options.await_evaluator or self.evaluator_arrived or self.state.round
+                or self.round_opened is None or now - self.round_opened >= self.options.linger_s):
+            return False
+        if not self.evaluator_logged:
+            self.evaluator_logged = True
+            log.info("round 0 waits for the evaluator's HELLO (at most %.0f s)",
+                     self.options.linger_s)
+        return True
 
     # -- messages ----------------------------------------------------------------
 

@@ -52,9 +52,11 @@ class ServerOptions:
                               "while an evaluator has not read the final parameters.",
                               flag="--linger", roles=(SERVER,), minimum=0.0)
     await_evaluator: bool = setting(
-        False, "An evaluator will read the final parameters: after the last round, linger "
-        "(--linger) for it even before its HELLO (a short run may end before the evaluator "
-        "has started). ps-cluster and the generated deployments set it when they start one.",
+        False, "An evaluator will read the parameters: round 0 stays open until it has "
+        "said HELLO, and after the last round the server lingers for it even before its "
+        "HELLO (each wait at most --linger), so it reads the first and the final round "
+        "however late it starts. ps-cluster and the generated deployments set it when they "
+        "start one.",
         roles=(SERVER,))
     checkpoint_every: int | None = setting(
         None, "Save each shard (shard-<s>.npz in --out-dir, atomically and durably; a "

@@ -142,3 +142,30 @@ def test_a_killed_process_of_two_shards_resumes_and_the_run_ends_bit_identical(
     torch.set_num_threads(1)
     reference = simulate(CFG, AttackConfig().validate(CFG))
     np.testing.assert_array_equal(params, reference.params)
+
+
+def test_an_evaluator_that_starts_after_every_worker_pushed_still_reads_round_0(
+        processes, tmp_path, run_keys) -> None:
+    """With ``--await-evaluator`` (what ps-cluster and the deployments set) round 0 stays
+    open until the evaluator has said HELLO: an evaluator that a loaded host starts
+    after the workers still measures the run's starting point and every round after."""
+    keys = run_keys(CFG.num_shards, CFG.num_workers)
+    servers = [_server(processes, tmp_path, shards, "tcp://127.0.0.1:*",
+                       "--await-evaluator", "--linger", "120")
+               for shards in ("0-1", "2")]
+    endpoints = ",".join(endpoint for _, endpoint in servers)
+    workers = [processes.start(f"worker-{i}", "worker.cli", [
+        "--servers", endpoints, "--worker-id", str(i), "--timeout", "30", *keys,
+        *to_argv(CFG, SERVER)]) for i in range(CFG.num_workers)]
+    for proc, _ in servers:  # the workers' pushes of round 0 have come (its log says so)
+        wait_for(lambda proc=proc: any("waits for the evaluator" in line
+                                       for line in proc.tail(40)), 120, "round 0 to wait")
+    assert all(not read_jsonl(p) for p in tmp_path.glob("server-*.jsonl"))  # none closed
+    evaluator = processes.start("evaluator", "worker.cli", [
+        "--servers", endpoints, "--evaluate", "--eval-every", "10", "--out-dir",
+        str(tmp_path), "--timeout", "30", *keys, *to_argv(CFG, SERVER)])
+    assert processes.wait_exit(evaluator, 120) == 0, evaluator.tail()
+    for proc in [*workers, *(p for p, _ in servers)]:
+        assert processes.wait_exit(proc, 60) == 0, proc.tail()
+    rounds = [x["round"] for x in read_jsonl(tmp_path / "evaluator.jsonl")]
+    assert rounds[0] == 0 and rounds[-1] == CFG.rounds  # (a slow one may skip between)

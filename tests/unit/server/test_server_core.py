@@ -912,16 +912,37 @@ def test_lingers_for_an_evaluator_that_has_not_read_the_final_round() -> None:
     assert core.done(100.0 + LINGER_S)
 
 
-def test_awaits_an_evaluator_that_has_not_said_hello_yet() -> None:
-    """A short run can end before the evaluator ps-cluster started has said HELLO: with
-    ``await_evaluator`` the server lingers for it, and is done once it reads the last round."""
+def test_round_0_waits_for_an_awaited_evaluator_then_closes_at_its_hello() -> None:
+    """The evaluator ps-cluster starts may say HELLO after every worker pushed round 0 (a
+    loaded host; the servers keep only a few past rounds): with ``await_evaluator`` round 0
+    stays open until it has, so it reads the run's starting point."""
     core = make_core(await_evaluator=True)
-    run_rounds(core, 4, now=100.0)
-    assert not core.done(100.0)
-    assert not core.done(100.0 + LINGER_S - 0.01)
+    run_rounds(core, 1, now=100.0)
+    assert core.state.complete and core.state.round == 0
+    assert core.tick(100.0 + LINGER_S - 0.01) == [] and core.state.round == 0
     hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
-    late = 100.0 + LINGER_S / 2
-    assert not core.done(late)
+    core.tick(100.5)
+    assert core.state.round == 1
+    assert_params(only(pull(core, 0, peer=EVALUATOR)), 0, SHARD, EVALUATOR)
+    run_rounds(core, 1, now=101.0)  # later rounds never wait
+    assert core.state.round == 2
+
+
+def test_round_0_waits_no_longer_than_the_linger_time_for_the_evaluator() -> None:
+    """An evaluator that never comes costs round 0 the linger time, then the run goes on;
+    and after the last round the server lingers for it again, ending once it reads it."""
+    core = make_core(await_evaluator=True)
+    run_rounds(core, 1, now=100.0)
+    core.tick(100.0 + LINGER_S - 0.01)
+    assert core.state.round == 0
+    core.tick(100.0 + LINGER_S)
+    assert core.state.round == 1
+    finished = 200.0
+    run_rounds(core, 3, now=finished)
+    assert core.state.finished and not core.done(finished)
+    assert not core.done(finished + LINGER_S - 0.01)
+    hello(core, role="evaluator", worker=-1, peer=EVALUATOR)
+    late = finished + LINGER_S / 2
     assert_params(only(pull(core, 4, peer=EVALUATOR, now=late)), 4,
                   core.state.states[0].params, EVALUATOR)
     assert core.done(late)
@@ -929,9 +950,19 @@ def test_awaits_an_evaluator_that_has_not_said_hello_yet() -> None:
 
 def test_awaiting_an_evaluator_that_never_comes_ends_with_the_linger_time() -> None:
     core = make_core(await_evaluator=True)
-    run_rounds(core, 4, now=100.0)
-    assert not core.done(100.0 + LINGER_S - 0.01)
-    assert core.done(100.0 + LINGER_S)
+    run_rounds(core, 1, now=100.0)
+    core.tick(100.0 + LINGER_S)
+    run_rounds(core, 3, now=200.0)
+    assert core.state.finished
+    assert not core.done(200.0 + LINGER_S - 0.01)
+    assert core.done(200.0 + LINGER_S)
+
+
+def test_a_resumed_run_does_not_wait_for_the_evaluator() -> None:
+    core = make_core(await_evaluator=True)
+    core.restore([Checkpoint(0, 2, CFG.config_hash, SHARD.copy())])
+    run_rounds(core, 1, now=100.0)
+    assert core.state.round == 3
 
 
 def test_done_at_once_when_the_evaluator_pulls_the_final_round() -> None:
