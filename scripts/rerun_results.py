@@ -4,6 +4,7 @@
     python3 scripts/rerun_results.py --out runs/rerun             # everything
     python3 scripts/rerun_results.py --out runs/rerun --cut       # the set that fits 4 h
     python3 scripts/rerun_results.py --out runs/rerun --seeds 1   # a timed sample
+    python3 scripts/rerun_results.py --out runs/rerun --seeds 1 --last   # its last seed
     python3 scripts/rerun_results.py --out runs/rerun --summary   # the ledger so far
 
 Run it again with the same flags to resume (in another session too): finished folders
@@ -35,6 +36,9 @@ from ps.experiments.rerun import CUT, LEDGER, Ledger, published_folders, rerun, 
 @click.option("--only", "only", multiple=True, help="Rerun this folder only (repeatable).")
 @click.option("--seeds", type=click.IntRange(1), default=None,
               help="Take the first K seeds of each grid (a timed sample).")
+@click.option("--last", is_flag=True,
+              help="With --seeds: the last K seeds (those most recently published: the "
+              "runs compared bit for bit are the ones published from this machine).")
 @click.option("--cut", is_flag=True,
               help=f"The set that fits 4 hours of this 2-core machine: {CUT}.")
 @click.option("--jobs", type=click.IntRange(1), default=2, show_default=True,
@@ -43,8 +47,8 @@ from ps.experiments.rerun import CUT, LEDGER, Ledger, published_folders, rerun, 
               default=None, help="For the grids that read one (mnist: mnist_5k.csv.gz).")
 @click.option("--summary", "summary_only", is_flag=True,
               help="Print the ledger of --out and run nothing.")
-def main(out: Path, results: Path, only: tuple[str, ...], seeds: int | None, cut: bool,
-         jobs: int, data_dir: Path | None, summary_only: bool) -> None:
+def main(out: Path, results: Path, only: tuple[str, ...], seeds: int | None, last: bool,
+         cut: bool, jobs: int, data_dir: Path | None, summary_only: bool) -> None:
     """Rerun docs/results from its grid files, timed into OUT/rerun.json."""
     if summary_only:
         click.echo("\n".join(summary(Ledger(out / LEDGER))))
@@ -56,8 +60,11 @@ def main(out: Path, results: Path, only: tuple[str, ...], seeds: int | None, cut
                                  f"(there are {', '.join(f.name for f in folders)})",
                                  param_hint="--only")
     chosen = [f for f in folders if not only or f.name in only]
+    if last and seeds is None:
+        raise click.BadParameter("--last takes the last K seeds: give --seeds K too",
+                                 param_hint="--last")
     ledger = rerun(chosen, out, seeds=seeds, cut=cut, jobs=jobs, data_dir=data_dir,
-                   progress=lambda line: click.echo(line, err=True))
+                   last=last, progress=lambda line: click.echo(line, err=True))
     click.echo("\n".join(summary(ledger)))
     if any(not e["finished"] for e in ledger.folders.values()):
         sys.exit(1)

@@ -8,7 +8,8 @@ runs compare with the published ones bit for bit: a run is compared only where t
 published run was made on this machine (``runner.machine``), since floating-point
 rounding differs between CPUs.
 
-A rerun may take fewer seeds (``seeds``: the first K of each grid's) or the cut that fits
+A rerun may take fewer seeds (``seeds``: the first K of each grid's, or its last K: those
+the latest session ran, so compared bit for bit here) or the cut that fits
 4 hours here (:data:`CUT`): each grid has the same cells for every seed, so the time of
 K seeds scaled by the cells' ratio is what the whole grid takes.
 """
@@ -68,8 +69,9 @@ def published_folders(results: Path) -> list[Folder]:
     return folders
 
 
-def with_seeds(grid_text: str, keep: int | None) -> str:
-    """``grid_text`` (a grid file) with only the first ``keep`` of its seeds (None: all).
+def with_seeds(grid_text: str, keep: int | None, last: bool = False) -> str:
+    """``grid_text`` (a grid file) with only the first ``keep`` of its seeds (None: all;
+    ``last``: the last ``keep``).
     ``ValueError`` for a grid that names no ``seeds`` or has fewer than ``keep``."""
     if keep is None:
         return grid_text
@@ -82,15 +84,17 @@ def with_seeds(grid_text: str, keep: int | None) -> str:
         raise ValueError("the grid file has no seeds key to cut")
     if keep > len(listed):
         raise ValueError(f"the grid file has {len(listed)} seeds, fewer than {keep}")
+    kept = listed[-keep:] if last else listed[:keep]
     lines = grid_text.splitlines()
     first = next(i for i, line in enumerate(lines) if line.split("=")[0].strip() == "seeds")
-    last = first  # a list may run over several lines, to its closing bracket
+    end = first  # a list may run over several lines, to its closing bracket
     opened = lines[first].split("=", 1)[1].count("[")
-    while opened > sum(line.count("]") for line in lines[first:last + 1]):
-        last += 1
-    lines[first:last + 1] = [f"seeds = {listed[:keep]!r}  # cut by the rerun: the first {keep}"]
+    while opened > sum(line.count("]") for line in lines[first:end + 1]):
+        end += 1
+    lines[first:end + 1] = [f"seeds = {kept!r}  # cut by the rerun: the "
+                            f"{'last' if last else 'first'} {keep}"]
     text = "\n".join(lines) + "\n"
-    if tomllib.loads(text)["seeds"] != listed[:keep]:
+    if tomllib.loads(text)["seeds"] != kept:
         raise ValueError("could not cut the grid file's seeds key")
     return text
 
@@ -130,7 +134,8 @@ class Ledger:
         self.folders: dict[str, dict[str, Any]] = (
             json.loads(path.read_text(encoding="utf-8")) if path.exists() else {})
 
-    def entry(self, name: str, seeds: int | None, cells: int, all_cells: int) -> dict[str, Any]:
+    def entry(self, name: str, seeds: int | str | None, cells: int,
+              all_cells: int) -> dict[str, Any]:
         """``name``'s entry; a new one (time back to zero) if the seeds kept changed."""
         entry = self.folders.get(name)
         if entry is None or entry.get("seeds") != seeds:
@@ -165,7 +170,7 @@ def summary(ledger: Ledger) -> list[str]:
 
 
 def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool, jobs: int,
-          data_dir: Path | None, progress: Callable[[str], None] = print,
+          data_dir: Path | None, last: bool = False, progress: Callable[[str], None] = print,
           run: Callable[[list[str]], int] | None = None) -> Ledger:
     """Rerun ``folders`` into ``out``/<name>, timed into ``out``/rerun.json (resumable:
     finished folders are skipped, a stopped one resumes from its cache and adds its
@@ -176,8 +181,9 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
     here = machine()
     for folder in folders:
         keep = seeds_kept(folder.name, seeds, cut)
-        argv, cells, all_cells = _command(folder, out, keep, jobs, data_dir)
-        entry = ledger.entry(folder.name, keep, cells, all_cells)
+        argv, cells, all_cells = _command(folder, out, keep, jobs, data_dir, last)
+        which = f"last {keep}" if last and keep is not None else keep
+        entry = ledger.entry(folder.name, which, cells, all_cells)
         if entry["finished"]:
             progress(f"{folder.name}: finished before ({entry['seconds'] / 60:.1f} min)")
             continue
@@ -185,7 +191,7 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
             progress(f"{folder.name}: skipped (its grid reads --data-dir: give --data-dir)")
             continue
         progress(f"{folder.name}: {cells} cells of {all_cells} "
-                 f"({'all seeds' if keep is None else f'{keep} seeds'})")
+                 f"({'all seeds' if which is None else f'seeds: {which}'})")
         started = time.monotonic()
         try:
             code = run(argv)
@@ -204,17 +210,17 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
 
 
 def _command(folder: Folder, out: Path, keep: int | None, jobs: int,
-             data_dir: Path | None) -> tuple[list[str], int, int]:
+             data_dir: Path | None, last: bool) -> tuple[list[str], int, int]:
     """The command that reruns ``folder`` into ``out``/<name> with ``keep`` seeds, and
     the cells (runs) it computes of how many the whole folder has; a grid's file with
-    its seeds cut is written to ``out``/<name>.toml."""
+    its seeds cut is written to ``out``/<name>.toml. (A script takes its first seeds.)"""
     if folder.script is not None:
         whole = SCRIPTED[folder.name][1]
         kept = whole if keep is None else min(keep, whole)
         return ([sys.executable, str(ROOT / folder.script), "--out", str(out / folder.name),
                  "--seeds", str(kept)], kept, whole)
     grid_file = out / f"{folder.name}.toml"
-    grid_file.write_text(with_seeds(folder.grid.read_text(encoding="utf-8"), keep),
+    grid_file.write_text(with_seeds(folder.grid.read_text(encoding="utf-8"), keep, last),
                          encoding="utf-8")
     argv = [sys.executable, "-m", "ps.experiments.cli", "run", str(grid_file),
             "--out", str(out / folder.name), "--jobs", str(jobs)]

@@ -275,7 +275,9 @@ def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_
     sh(sys.executable, "-m", "ps.keys.cli", "--dir", str(keys), "--shards", str(num_shards),
        "--workers", str(n), "--proxies", "0")
     spec = ClusterSpec(cfg=cfg, attack=attack, out_dir=out,
-                       cluster=ClusterOptions(server_processes=num_shards),  # one each
+                       # one server process a shard; no evaluator (none is started
+                       # here: the servers neither hold round 0 nor linger for one)
+                       cluster=ClusterOptions(server_processes=num_shards, no_evaluator=True),
                        security=SecurityOptions(keys=keys))
     builder = Cluster(spec)  # only its argv builders: the flags each role gets
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ def test_with_seeds_keeps_the_first_k_of_a_count_or_a_list() -> None:
     assert "seeds = [0, 1]" in with_seeds(GRID.format(seeds=5), 2)
     assert "seeds = [100, 101]" in with_seeds(GRID.format(seeds="[100, 101, 102]"), 2)
     assert with_seeds(GRID.format(seeds=5), None) == GRID.format(seeds=5)
+    assert "seeds = [3, 4]  # cut by the rerun: the last 2" in with_seeds(
+        GRID.format(seeds=5), 2, last=True)
     with pytest.raises(ValueError, match="fewer than 6"):
         with_seeds(GRID.format(seeds=5), 6)
     with pytest.raises(ValueError, match="no seeds"):
