@@ -24,7 +24,15 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ps.experiments.rerun import CUT, LEDGER, Ledger, published_folders, rerun, summary  # noqa: E402
+from ps.experiments.rerun import (  # noqa: E402
+    CUT,
+    LEDGER,
+    Ledger,
+    published_folders,
+    recompare,
+    rerun,
+    summary,
+)
 
 
 @click.command()
@@ -46,14 +54,17 @@ from ps.experiments.rerun import CUT, LEDGER, Ledger, published_folders, rerun, 
 @click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False, exists=True),
               default=None, help="For the grids that read one (mnist: mnist_5k.csv.gz).")
 @click.option("--summary", "summary_only", is_flag=True,
-              help="Print the ledger of --out and run nothing.")
+              help="Print the ledger of --out (its finished grids compared with the "
+              "published runs again) and run nothing.")
 def main(out: Path, results: Path, only: tuple[str, ...], seeds: int | None, last: bool,
          cut: bool, jobs: int, data_dir: Path | None, summary_only: bool) -> None:
     """Rerun docs/results from its grid files, timed into OUT/rerun.json."""
-    if summary_only:
-        click.echo("\n".join(summary(Ledger(out / LEDGER))))
-        return
     folders = published_folders(results)
+    if summary_only:
+        ledger = Ledger(out / LEDGER)
+        recompare(ledger, folders, out)
+        click.echo("\n".join(summary(ledger)))
+        return
     unknown = set(only) - {f.name for f in folders}
     if unknown:
         raise click.BadParameter(f"no such results folder: {', '.join(sorted(unknown))} "

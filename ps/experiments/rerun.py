@@ -109,15 +109,18 @@ def compare(rerun: list[dict[str, Any]], published: list[dict[str, Any]],
             here: str) -> dict[str, int]:
     """How the rerun's runs compare with the published ones: ``identical`` and
     ``different`` final parameters among the runs published from machine ``here``,
-    ``other_machine`` (not comparable bit for bit), ``unpublished`` (no such cell)."""
+    ``other_machine`` (not comparable bit for bit; ``other_machine_identical`` of them
+    ended with the same bits all the same), ``unpublished`` (no such cell)."""
     by_key = {r["key"]: r for r in published}
-    counts = {"identical": 0, "different": 0, "other_machine": 0, "unpublished": 0}
+    counts = {"identical": 0, "different": 0, "other_machine": 0,
+              "other_machine_identical": 0, "unpublished": 0}
     for run in rerun:
         theirs = by_key.get(run["key"])
         if theirs is None:
             counts["unpublished"] += 1
         elif theirs.get("machine") != here:
             counts["other_machine"] += 1
+            counts["other_machine_identical"] += theirs["params_sha256"] == run["params_sha256"]
         elif theirs["params_sha256"] == run["params_sha256"]:
             counts["identical"] += 1
         else:
@@ -161,12 +164,25 @@ def summary(ledger: Ledger) -> list[str]:
         spent += minutes
         whole += scaled
         c = e.get("compared", {})
-        bits = (f"{c['identical']} identical, {c['different']} different, "
-                f"{c['other_machine']} from another machine" if c else "-")
+        bits = (f"{c['identical']} identical, {c['different']} different; "
+                f"{c['other_machine']} published from another machine "
+                f"({c.get('other_machine_identical', 0)} identical)" if c else "-")
         lines.append(f"{name:<22} {e['cells']:>5}/{e['all_cells']:<5} {minutes:>8.1f} "
                      f"{scaled:>10.1f}  {bits}{'' if e['finished'] else ' (unfinished)'}")
     lines.append(f"{'all':<22} {'':>11} {spent:>8.1f} {whole:>10.1f}")
     return lines
+
+
+def recompare(ledger: Ledger, folders: Iterable[Folder], out: Path) -> None:
+    """Compare the finished grids' reruns with the published runs again (after the
+    published results changed, or to count with this code)."""
+    here = machine()
+    for folder in folders:
+        entry = ledger.folders.get(folder.name)
+        if entry and entry["finished"] and folder.script is None:
+            entry["compared"] = compare(read_results(out / folder.name),
+                                        read_results(folder.published), here)
+    ledger.save()
 
 
 def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool, jobs: int,

@@ -66,7 +66,8 @@ def test_compare_counts_only_runs_of_this_machine_bit_for_bit() -> None:
     rerun_ = [{"key": k, "params_sha256": v} for k, v in
               [("a", "1"), ("b", "x"), ("c", "3"), ("d", "4"), ("e", "5")]]
     assert compare(rerun_, published, here) == {
-        "identical": 1, "different": 1, "other_machine": 2, "unpublished": 1}
+        "identical": 1, "different": 1, "other_machine": 2, "other_machine_identical": 2,
+        "unpublished": 1}
 
 
 def _published(tmp_path: Path, seeds: int) -> Path:
@@ -130,7 +131,8 @@ def test_a_published_grid_reruns_bit_identical_from_its_grid_file(tmp_path: Path
                           check=True)
     ledger = json.loads((tmp_path / "rerun" / LEDGER).read_text())
     assert ledger["tiny"]["finished"] and ledger["tiny"]["compared"] == {
-        "identical": 2, "different": 0, "other_machine": 0, "unpublished": 0}
+        "identical": 2, "different": 0, "other_machine": 0, "other_machine_identical": 0,
+        "unpublished": 0}
     assert ledger["tiny"]["cells"] == 2 and ledger["tiny"]["all_cells"] == 4
     assert "2 identical" in done.stdout
     again = subprocess.run([*script, "--seeds", "1"], capture_output=True, text=True,
@@ -138,3 +140,5 @@ def test_a_published_grid_reruns_bit_identical_from_its_grid_file(tmp_path: Path
     assert "finished before" in again.stderr
     lines = summary(Ledger(tmp_path / "rerun" / LEDGER))
     assert lines[1].startswith("tiny") and lines[-1].startswith("all")
+    shown = subprocess.run([*script, "--summary"], capture_output=True, text=True, check=True)
+    assert "2 identical, 0 different" in shown.stdout
