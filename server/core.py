@@ -274,7 +274,8 @@ class ServerCore:
         """Round 0 stays open until an awaited evaluator (``--await-evaluator``) has
         said HELLO, at most ``--linger`` seconds after its first push: the evaluator reads
         the run's starting point, however late it starts on a loaded host (the servers
-        keep only a few past rounds). A resumed run and a run without one never wait."""
+        keep only a few past rounds). A run resumed past round 0 and one without an
+        evaluator never wait."""
         if (not self.options.await_evaluator or self.evaluator_arrived or self.state.round
                 or self.round_opened is None or now - self.round_opened >= self.options.linger_s):
             return False
