@@ -1,8 +1,8 @@
 """Refresh the tables of ``docs/results.md`` from the published reports
 (``ps/experiments/pagetables.py``): after a grid grows and its report is rebuilt
 (``ps-experiment report docs/results/<grid>``), each table of the page becomes the report
-table with its header that shares the most rows with it; tables without one are named
-(edit those by hand).
+table with its header that shares the most first cells, values and rows with it; tables
+without one, or with two that fit equally, are named (edit those by hand).
 
     python3 scripts/sync_results_tables.py            # rewrite docs/results.md
     python3 scripts/sync_results_tables.py --check    # exit 1 if a table is stale
@@ -30,7 +30,8 @@ def main(check: bool) -> None:
     """Replace each table of docs/results.md by its published report's."""
     synced = sync(PAGE.read_text(encoding="utf-8"), report_tables(REPORTS))
     for line in synced.unmatched:
-        click.echo(f"no report table with this header: {line}", err=True)
+        click.echo(f"no report table with this header, or two that fit it equally: {line}",
+                   err=True)
     if check:
         click.echo(f"{synced.stale} stale table(s)")
         sys.exit(1 if synced.stale else 0)

@@ -88,8 +88,8 @@ def report_others(grid: GridFile, results: list[dict[str, Any]]) -> tuple[str, .
 def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo,
                       grid: GridFile) -> Path:
     """``report.md`` of a grid file: how it was made, the table of every cell, the worst
-    cases with their figures (with ``[report]``), how many curves have flattened, the
-    verification."""
+    cases with their figures and at earlier rounds (with ``[report]``), how many curves
+    have flattened, the verification."""
     measure = f"{evaluated_on(results)} {info.metric}"
     lines = [*header(results, info), f"* Grid file: `{grid.name}`"]
     lines += _cell_table(results, info.metric, grid.axes)
@@ -97,7 +97,7 @@ def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo
     if grid.report is not None:
         from ps.experiments.figures import worst_case_curves
         from ps.experiments.heatmap import worst_case_heatmap
-        from ps.experiments.worstcase import worst_cases, worst_tables
+        from ps.experiments.worstcase import round_tables, worst_cases, worst_tables
 
         tables = worst_cases(results, info.metric, grid.report, others)
         lines += worst_tables(tables, grid.report, measure)
@@ -105,6 +105,7 @@ def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo
                 worst_case_heatmap(out, tables, grid.report, results, info.metric, measure),
                 worst_case_curves(out, tables, grid.report, info.metric, results)):
             lines += ["", f"![{path.name}]({path.name})"]
+        lines += round_tables(results, info.metric, grid.report, others, measure)
     if "partition" in grid.axes:
         axes, by = _flatness_axes(grid, others)
         lines += flatness_lines(_cells(results, axes), axes, by, info.metric, measure)

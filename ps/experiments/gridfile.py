@@ -23,7 +23,11 @@ The settings of the whole invocation (``data-dir``, ``eval-every``, ``eval-sampl
 take one value. ``[report]`` may name the axes of a worst-case heat map: ``rows``,
 ``columns`` and ``worst_over`` (an axis; ``defence``: the pre-aggregation chain and the
 rule together; ``heterogeneity``, where ``partition`` is an axis: the partition with its
-``alpha`` or ``gamma`` where those are axes too, e.g. ``dirichlet α=0.1``).
+``alpha`` or ``gamma`` where those are axes too, e.g. ``dirichlet α=0.1``), and may name
+a ``baseline``: a value of ``worst_over`` (a key of the grid) that is a reference, not a
+member of any worst case (``"none"``: the worst case is over the attacks, ByzFL's; the
+runs without attack stay in the table of every cell), and ``at_rounds``: earlier rounds
+whose worst cases the report sets beside the final ones (have the curves settled?).
 
 Everything is checked before a cell runs: an unknown key, a value outside its setting's
 choices or range, and a cell the rule or the attack cannot run (``RunConfig.validate``,
@@ -67,6 +71,7 @@ DEFENCE = "defence"  # a report axis: the pre-aggregation chain and the rule tog
 HETEROGENEITY = "heterogeneity"  # a report axis: the partition with its alpha or gamma
 PARTITION_KEYS = ("partition", "alpha", "gamma")  # the grid keys HETEROGENEITY stands for
 REPORT_KEYS = ("rows", "columns", "worst_over")
+BASELINE, AT_ROUNDS = "baseline", "at_rounds"  # [report]'s optional keys
 
 
 def defence_keys() -> tuple[str, ...]:
@@ -139,6 +144,8 @@ class ReportAxes:
     rows: str
     columns: str
     worst_over: str
+    baseline: str | None = None  # a value of worst_over in no worst case (the reference)
+    at_rounds: tuple[int, ...] = ()  # earlier rounds whose worst cases the report shows
 
 
 @dataclass(frozen=True)
@@ -225,7 +232,7 @@ def parse_grid(data: Mapping[str, Any], name: str) -> GridFile:
         cells.append(cell)
     if not cells:
         raise ConfigError(f"{name}: no cell left after [[exclude]] and [[only]]")
-    report = _report(name, data.get(REPORT), axes)
+    report = _report(name, data.get(REPORT), axes, values)
     return GridFile(name, cells, axes, invocation, report)
 
 
@@ -345,13 +352,17 @@ def _cell(combination: Mapping[str, Any], known: Mapping[str, tuple[type, Declar
     return GridCell(FIGURE, scenario, run, attack, tuple((k, combination[k]) for k in axes))
 
 
-def _report(name: str, table: Any, axes: tuple[str, ...]) -> ReportAxes | None:
-    """``[report]``: three axes of the grid (``defence`` counts as one)."""
+def _report(name: str, table: Any, axes: tuple[str, ...],
+            values: Mapping[str, list[Any]]) -> ReportAxes | None:
+    """``[report]``: three axes of the grid (``defence`` counts as one), and perhaps a
+    baseline value of ``worst_over``."""
     if table is None:
         return None
     where = f"{name}: [report]"
-    if not isinstance(table, dict) or sorted(table) != sorted(REPORT_KEYS):
-        raise ConfigError(f"{where}: give exactly {', '.join(REPORT_KEYS)}")
+    if not isinstance(table, dict) \
+            or sorted(set(table) - {BASELINE, AT_ROUNDS}) != sorted(REPORT_KEYS):
+        raise ConfigError(f"{where}: give exactly {', '.join(REPORT_KEYS)} (and perhaps "
+                          f"{BASELINE}, {AT_ROUNDS})")
     usable = (*axes, DEFENCE, *((HETEROGENEITY,) if "partition" in axes else ()))
     for key in REPORT_KEYS:
         if table[key] not in usable:
@@ -365,7 +376,28 @@ def _report(name: str, table: Any, axes: tuple[str, ...]) -> ReportAxes | None:
         if combined in named and any(n in parts for n in named):
             raise ConfigError(f"{where}: rows, columns and worst_over must be three "
                               f"different axes ({combined} holds {', '.join(parts)})")
-    return ReportAxes(table["rows"], table["columns"], table["worst_over"])
+    baseline = table.get(BASELINE)
+    if baseline is not None:
+        worst_over = table["worst_over"]
+        if worst_over not in axes:
+            raise ConfigError(f"{where}: a {BASELINE} needs worst_over to be a key of the "
+                              f"grid, not {worst_over!r}")
+        texts = [value_text(v) for v in values[worst_over]]
+        if not isinstance(baseline, str) or baseline not in texts:
+            raise ConfigError(f"{where}: {BASELINE} = {baseline!r} is not a value of "
+                              f"{worst_over} ({', '.join(texts)})")
+    return ReportAxes(table["rows"], table["columns"], table["worst_over"], baseline,
+                      _at_rounds(where, table.get(AT_ROUNDS, []), values))
+
+
+def _at_rounds(where: str, given: Any, values: Mapping[str, list[Any]]) -> tuple[int, ...]:
+    """``at_rounds``: rounds, each before every cell's last (``rounds``)."""
+    last = min(values.get("rounds", [RunConfig().rounds]))
+    if not isinstance(given, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and 1 <= r < last for r in given):
+        raise ConfigError(f"{where}: {AT_ROUNDS} = {given!r}: give a list of rounds, each "
+                          f"from 1 to {last - 1} (before the last round, {last})")
+    return tuple(sorted(set(given)))
 
 
 def shipped() -> dict[str, Path]:

@@ -3,8 +3,11 @@
 ``docs/results.md`` quotes tables of ``docs/results/<grid>/report.md`` (a test checks that
 every row it shows is a report's). After a grid grows and its report is rebuilt, each
 table of the page is replaced by the report table with the same header whose rows share
-the most first cells with it (then the most whole rows); a table whose header no report
-has is named, to be edited by hand (``scripts/sync_results_tables.py``).
+the most first cells with it, then the most values (a cell's figures before any bracket:
+``0.779 ± 0.008`` of ``0.779 ± 0.008 (alie; ~ mimic)``, which a rebuilt report keeps
+when only its brackets change), then the most whole rows. A table whose header no report
+has, or with two different best matches, is named, to be edited by hand
+(``scripts/sync_results_tables.py``).
 """
 
 from __future__ import annotations
@@ -31,14 +34,32 @@ def _first_cells(table: Table) -> set[str]:
     return {row.split("|")[1].strip() for row in table[2:] if row.count("|") > 1}
 
 
+def _values(table: Table) -> set[tuple[str, int, str]]:
+    """(first cell, column, the cell's text before any bracket) of each cell of a row."""
+    found = set()
+    for row in table[2:]:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        found |= {(cells[0], i, c.split("(")[0].strip()) for i, c in enumerate(cells) if i}
+    return found
+
+
+def _closeness(table: Table, candidate: Table) -> tuple[int, int, int]:
+    return (len(_first_cells(candidate) & _first_cells(table)),
+            len(_values(candidate) & _values(table)), len(set(candidate[2:]) & set(table[2:])))
+
+
 def best_match(table: Table, candidates: list[Table]) -> Table | None:
     """The candidate with ``table``'s header that shares the most first cells with it,
-    and of those (tables of one report alike but for a panel) the most whole rows."""
+    then the most values, then the most whole rows (tables of one report alike but for a
+    panel); ``None`` if none has its header, or if two different ones tie."""
     same = [c for c in candidates if c[0] == table[0]]
     if not same:
         return None
-    return max(same, key=lambda c: (len(_first_cells(c) & _first_cells(table)),
-                                    len(set(c[2:]) & set(table[2:]))))
+    ranked = sorted(same, key=lambda c: _closeness(table, c), reverse=True)
+    if len(ranked) > 1 and ranked[1] != ranked[0] \
+            and _closeness(table, ranked[1]) == _closeness(table, ranked[0]):
+        return None
+    return ranked[0]
 
 
 def report_tables(reports: Path) -> list[Table]:
@@ -53,7 +74,7 @@ def report_tables(reports: Path) -> list[Table]:
 @dataclass(frozen=True)
 class Synced:
     """A page with its tables replaced: its text, how many tables changed, and the
-    headers (with their line) no report table has."""
+    headers (with their line) of the tables no report table matches (see the module)."""
 
     text: str
     stale: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -139,9 +140,11 @@ class Ledger:
 
     def entry(self, name: str, seeds: int | str | None, cells: int,
               all_cells: int) -> dict[str, Any]:
-        """``name``'s entry; a new one (time back to zero) if the seeds kept changed."""
+        """``name``'s entry; a new one (time back to zero) if the seeds kept or the grid's
+        cells changed (a grown grid's time so far is not its time)."""
         entry = self.folders.get(name)
-        if entry is None or entry.get("seeds") != seeds:
+        if entry is None or entry.get("seeds") != seeds or (
+                entry.get("cells"), entry.get("all_cells")) != (cells, all_cells):
             entry = {"seeds": seeds, "seconds": 0.0, "finished": False}
         entry.update(cells=cells, all_cells=all_cells)
         self.folders[name] = entry
@@ -206,6 +209,11 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
         if folder.needs_data_dir and data_dir is None:
             progress(f"{folder.name}: skipped (its grid reads --data-dir: give --data-dir)")
             continue
+        if entry["seconds"] == 0 and (out / folder.name).exists():
+            # a new entry's leftover cache (other seeds, a grid since grown): its cached
+            # cells would not be timed
+            progress(f"{folder.name}: cleared {out / folder.name} (a rerun of other cells)")
+            shutil.rmtree(out / folder.name)
         progress(f"{folder.name}: {cells} cells of {all_cells} "
                  f"({'all seeds' if which is None else f'seeds: {which}'})")
         started = time.monotonic()

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ps.experiments.claims import TIES_RULE, ties, ties_text
+from ps.experiments.claims import TIES_RULE, Sample, ties, ties_text
 from ps.experiments.filereport import axis_value, final, spread, spread_text
 from ps.experiments.gridfile import ReportAxes
 
@@ -43,6 +43,7 @@ class WorstCase:
     where: str  # the value of the worst_over axis that is the worst on most seeds
     runs: Runs  # its cells, one per seed (its curves)
     ties: list[str] | None = None  # values not ranked apart from it (None: one seed)
+    lows: dict[Any, float] = field(default_factory=dict)  # seed -> its worst final
 
     def text(self) -> str:
         """``0.251 ± 0.025 (alie; ~ none)``, as the tables show it."""
@@ -84,9 +85,11 @@ def worst_cases(results: Runs, metric: str, axes: ReportAxes, others: tuple[str,
     """The tables of the worst cases over ``axes.worst_over``, one set of its values
     each (see the module): per seed the lowest final ``metric`` over the set (a diverged
     one, NaN, the lowest), over the seeds every value ran; the value worst on most seeds
-    (ties: the lowest mean) names it."""
+    (ties: the lowest mean) names it. The ``baseline`` value is in no set."""
     ran: dict[Cell, dict[str, Runs]] = defaultdict(lambda: defaultdict(list))
     for r in results:
+        if axis_value(r, axes.worst_over) == axes.baseline:
+            continue  # the reference, in no worst case
         cell = (tuple(axis_value(r, a) for a in others), axis_value(r, axes.rows),
                 axis_value(r, axes.columns))
         ran[cell][axis_value(r, axes.worst_over)].append(r)
@@ -128,14 +131,17 @@ def _worst_case(by_where: dict[str, Runs], metric: str) -> WorstCase:
     per_seed = {w: {r.get("seed", i): final(r, metric) for i, r in enumerate(runs)}
                 for w, runs in by_where.items()}  # (without seeds: by position)
     seeds = set.intersection(*(set(v) for v in per_seed.values()))
-    lows = [min((v[s] for v in per_seed.values()), key=_low) for s in sorted(seeds, key=str)]
+    by_seed = {s: min((v[s] for v in per_seed.values()), key=_low)
+               for s in sorted(seeds, key=str)}
+    lows = list(by_seed.values())
     worst_on = Counter(min(per_seed, key=lambda w: _low(per_seed[w][s])) for s in seeds)
     means = {w: statistics.fmean(map(_low, v.values())) for w, v in per_seed.items()}
     where = min(per_seed, key=lambda w: (-worst_on[w], means[w]))
     mean, std = spread(lows)
     values = {w: [per_seed[w][s] for s in sorted(seeds, key=str)] for w in per_seed}
     return WorstCase(mean, std, len(lows), where, by_where[where],
-                     ties(values[where], {w: v for w, v in values.items() if w != where}))
+                     ties(values[where], {w: v for w, v in values.items() if w != where}),
+                     by_seed)
 
 
 def _low(value: float) -> float:
@@ -153,6 +159,9 @@ def worst_tables(tables: list[Table], axes: ReportAxes, measure: str) -> list[st
              "mean (± std) of those over seeds, and the value that is the worst on most "
              f"seeds; *{NOT_APPLICABLE}*: the cell ran only some of the set's values (no "
              f"worst case over fewer is shown); *{NOT_RUN}*: not run. {TIES_RULE}"]
+    if axes.baseline is not None:
+        lines[-1] += (f" {axes.worst_over} = {axes.baseline} is the baseline, in no worst "
+                      "case: its runs are in the table of every cell.")
     for table in tables:
         lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
                   f"| {axes.rows} \\ {axes.columns} | " + " | ".join(table.columns) + " |",
@@ -168,3 +177,55 @@ def _entry(table: Table, row: str, column: str) -> str:
         return NOT_RUN
     case = table.cells[(row, column)]
     return NOT_APPLICABLE if case is None else case.text()
+
+
+def at_round(results: Runs, round_: int) -> Runs:
+    """Each run as if it ended at ``round_``: its evaluations up to it; a run without an
+    evaluation at ``round_`` is left out."""
+    cut = []
+    for r in results:
+        points = [p for p in r["points"] if p["round"] <= round_]
+        if points and points[-1]["round"] == round_:
+            cut.append({**r, "points": points})
+    return cut
+
+
+def round_tables(results: Runs, metric: str, axes: ReportAxes, others: tuple[str, ...],
+                 measure: str) -> list[str]:
+    """Markdown: for each of ``axes.at_rounds``, every worst case of the final tables at
+    that round beside the final one, and the change paired by seed (has it settled?)."""
+    finals = worst_cases(results, metric, axes, others)
+    lines: list[str] = []
+    for at in axes.at_rounds:
+        early = {t.panel: t for t in worst_cases(at_round(results, at), metric, axes, others)}
+        lines += ["", f"## Worst case over {axes.worst_over} at round {at} and at the end: "
+                  f"{measure}", "",
+                  f"The tables above, each entry at round {at} (every run cut there: the "
+                  "same per-seed worst over the same values) → at the last round, then the "
+                  "change paired by seed: its mean and 95 % interval. A worst case that "
+                  "has settled changes by an interval holding 0."]
+        for table in finals:
+            before = early.get(table.panel)
+            lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
+                      f"| {axes.rows} \\ {axes.columns} | " + " | ".join(table.columns)
+                      + " |", "|---|" + "---|" * len(table.columns)]
+            for row in table.rows:
+                entries = [_change(None if before is None else before.cells.get((row, c)),
+                                   table, row, c) for c in table.columns]
+                lines.append(f"| {row} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def _change(before: WorstCase | None, table: Table, row: str, column: str) -> str:
+    """``0.586 → 0.507, -0.079 [-0.301, +0.143]``; the final entry alone without one at
+    the earlier round."""
+    after = table.cells.get((row, column))
+    if after is None or before is None:
+        return _entry(table, row, column)
+    change = Sample.of(_finite(after.lows)) - Sample.of(_finite(before.lows))
+    return f"{before.mean:.3f} → {after.mean:.3f}, {change.difference_text()}"
+
+
+def _finite(lows: dict[Any, float]) -> dict[Any, float]:
+    """A diverged final (NaN) counts as 0, as in the ties."""
+    return {s: 0.0 if math.isnan(v) else v for s, v in lows.items()}

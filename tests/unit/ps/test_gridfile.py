@@ -86,6 +86,30 @@ def test_only_keeps_the_cells_matching_at_least_one_table() -> None:
      "byzantine worker id 9 out of range"),
     ('rule = ["mean", "krum"]\n[report]\nrows = "rule"\ncolumns = "lr"\nworst_over = "rule"\n',
      "[report]: columns = 'lr' is not an axis"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nseeds = 2\n[report]\nrows = "rule"\n'
+     'columns = "seed"\nworst_over = "lr"\n', "[report]: columns = 'seed' is not an axis"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+     'byzantine-workers = [0]\n'
+     '[report]\nrows = "rule"\ncolumns = "lr"\nworst_over = "worker-attack"\n'
+     'baseline = "ipm"\n', "[report]: baseline = 'ipm' is not a value of worker-attack "
+     "(none, alie)"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+     'byzantine-workers = [0]\n'
+     '[report]\nrows = "lr"\ncolumns = "worker-attack"\nworst_over = "defence"\n'
+     'baseline = "mean"\n', "a baseline needs worst_over to be a key of the grid, not "
+     "'defence'"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+     'byzantine-workers = [0]\n'
+     '[report]\nrows = "rule"\ncolumns = "lr"\nworst_over = "worker-attack"\n'
+     'base-line = "none"\n',
+     "give exactly rows, columns, worst_over (and perhaps baseline, at_rounds)"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+     'byzantine-workers = [0]\n[report]\nrows = "rule"\ncolumns = "lr"\n'
+     'worst_over = "worker-attack"\nat_rounds = [1, 2]\n', "[report]: at_rounds = [1, 2]: "
+     "give a list of rounds, each from 1 to 1 (before the last round, 2)"),
+    ('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+     'byzantine-workers = [0]\n[report]\nrows = "rule"\ncolumns = "lr"\n'
+     'worst_over = "worker-attack"\nat_rounds = 1\n', "at_rounds = 1: give a list of rounds"),
 ])
 def test_each_refusal_is_one_line_naming_the_key_or_the_cell(text: str, expected: str
                                                              ) -> None:
@@ -183,3 +207,11 @@ def test_heterogeneity_is_a_report_axis_only_where_partition_is_an_axis() -> Non
     with pytest.raises(ConfigError, match=r"defence holds rule, pre"):
         parse_grid(tomllib.loads(text.replace('rows = "rule"', 'rows = "defence"').replace(
             'worst_over = "lr"', 'worst_over = "rule"')), "g.toml")
+
+
+def test_a_report_takes_a_baseline_and_earlier_rounds() -> None:
+    report = grid('rule = ["mean", "krum"]\nlr = [0.1, 0.2]\nworker-attack = ["none", "alie"]\n'
+                  'byzantine-workers = [0]\n[report]\nrows = "rule"\ncolumns = "lr"\n'
+                  'worst_over = "worker-attack"\nbaseline = "none"\nat_rounds = [1, 1]\n').report
+    assert report is not None
+    assert (report.baseline, report.at_rounds) == ("none", (1,))

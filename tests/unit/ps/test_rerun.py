@@ -106,6 +106,34 @@ def test_a_stopped_rerun_resumes_and_adds_up_its_time(tmp_path: Path) -> None:
     assert other["seconds"] == 0.0 and other["seeds"] == 3
 
 
+def test_a_grown_grid_is_timed_afresh_without_its_old_cache(tmp_path: Path) -> None:
+    """A folder finished before its grid grew (2 cells, now 4 a seed): its entry starts
+    again at zero, and the old cache is cleared, so that the cells it held are timed."""
+    results = tmp_path / "results"
+    (results / "tiny").mkdir(parents=True)
+    (results / "tiny" / "grid.toml").write_text(GRID.format(seeds=1), encoding="utf-8")
+    out = tmp_path / "rerun"
+    out.mkdir()
+    before = Ledger(out / LEDGER)
+    before.entry("tiny", None, 2, 2).update(seconds=60.0, finished=True)  # its rerun, done
+    before.save()
+    (out / "tiny" / "cells").mkdir(parents=True)  # what that run cached
+    skipped: list[str] = []
+    rerun(published_folders(results), out, seeds=None, cut=False, jobs=1, data_dir=None,
+          progress=skipped.append, run=lambda argv: pytest.fail("ran"))
+    assert "finished before" in skipped[0]  # the same grid: nothing to do
+    grown = GRID.format(seeds=1).replace('"marmed"]', '"marmed", "meamed", "geomed"]')
+    (results / "tiny" / "grid.toml").write_text(grown, encoding="utf-8")
+    said: list[str] = []
+    cache_when_run: list[bool] = []
+    ledger = rerun(published_folders(results), out, seeds=None, cut=False, jobs=1,
+                   data_dir=None, progress=said.append,
+                   run=lambda argv: cache_when_run.append((out / "tiny").exists()) or 1)
+    entry = ledger.folders["tiny"]
+    assert entry["cells"] == 4 and not entry["finished"] and entry["seconds"] < 60
+    assert any("cleared" in line for line in said) and cache_when_run == [False]
+
+
 def test_a_grid_that_reads_a_data_dir_is_skipped_without_one(tmp_path: Path) -> None:
     folder = tmp_path / "mnist"
     folder.mkdir()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ps.experiments.gridfile import ReportAxes
-from ps.experiments.worstcase import WorstCase, worst_cases, worst_tables
+from ps.experiments.worstcase import WorstCase, at_round, round_tables, worst_cases, worst_tables
 
 AXES = ReportAxes("defence", "partition", "worker-attack")
 OTHERS = ("worker-momentum",)
@@ -90,3 +90,52 @@ def test_the_spread_is_over_seeds_of_the_per_seed_worst() -> None:
     case = table.cells[("krum", "iid")]
     assert case is not None
     assert (case.where, case.mean, case.std, case.seeds) == ("alie", 0.5, 0.0, 3)
+
+
+def test_a_baseline_is_in_no_worst_case() -> None:
+    """Without attack krum ends at 0.1 on seed 0, below every attack: with ``none`` as the
+    baseline the worst case is over the attacks alone (alie, then ipm) and says so."""
+    results = [*_runs("krum", 0.9, "none", [0.1, 0.8]), *_runs("krum", 0.9, "alie", [0.6, 0.7]),
+               *_runs("krum", 0.9, "ipm", [0.5, 0.9])]
+    (counted,) = worst_cases(results, "top1", AXES, OTHERS)
+    assert counted.panel.over == ("none", "alie", "ipm")
+    assert counted.cells[("krum", "iid")].mean == pytest.approx((0.1 + 0.7) / 2)
+    axes = ReportAxes("defence", "partition", "worker-attack", baseline="none")
+    (table,) = worst_cases(results, "top1", axes, OTHERS)
+    case = table.cells[("krum", "iid")]
+    assert table.panel.over == ("alie", "ipm")
+    assert case is not None and case.mean == pytest.approx((0.5 + 0.7) / 2)
+    assert "none" not in (case.ties or [])
+    text = " ".join(worst_tables([table], axes, "test top1"))
+    assert "worker-attack = none is the baseline, in no worst case" in text
+    assert "worst over worker-attack: alie, ipm" in text
+
+
+def _curve(defence: str, attack: str, by_seed: list[tuple[float, float]]) -> list[dict]:
+    """Runs evaluated at rounds 10 and 20: (at 10, at 20) per seed."""
+    return [{"axes": {"rule": defence, "partition": "iid", "worker-momentum": 0.9,
+                      "worker-attack": attack},
+             "defence": defence, "seed": seed,
+             "points": [{"round": 10, "top1": a}, {"round": 20, "top1": b}]}
+            for seed, (a, b) in enumerate(by_seed)]
+
+
+def test_an_earlier_rounds_worst_case_is_set_beside_the_final_one_paired_by_seed() -> None:
+    """krum's worst case falls from 0.6 at round 10 to 0.3 at round 20 on every seed
+    (by 0.3 +- 0.01: decisively), mean's holds (its change's interval holds 0)."""
+    results = [*_curve("krum", "alie", [(0.60, 0.30), (0.61, 0.30), (0.60, 0.31)]),
+               *_curve("krum", "ipm", [(0.9, 0.9)] * 3),
+               *_curve("mean", "alie", [(0.70, 0.71), (0.72, 0.70), (0.70, 0.70)]),
+               *_curve("mean", "ipm", [(0.9, 0.9)] * 3)]
+    axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(10,))
+    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    assert "## Worst case over worker-attack at round 10 and at the end: test top1" in lines
+    krum = next(line for line in lines if line.startswith("| krum |"))
+    assert krum.startswith("| krum | 0.603 → 0.303, -0.300 [")
+    low, high = (float(x) for x in krum.split("[")[1].rstrip("] |").split(", "))
+    assert high < 0
+    mean = next(line for line in lines if line.startswith("| mean |"))
+    low, high = (float(x) for x in mean.split("[")[1].rstrip("] |").split(", "))
+    assert low < 0 < high
+    assert [len(r["points"]) for r in at_round(results, 10)] == [1] * len(results)
+    assert at_round(results, 15) == []  # no evaluation at round 15
