@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS, HONEST = 10, 6  # the attackers hold the keys of workers 6..9

@@ -55,21 +55,23 @@ def test_a_killed_and_a_stopped_worker_do_not_stall_the_rounds(processes, tmp_pa
             *to_argv(CFG, SERVER)])
         servers.append(processes.endpoint(ready, proc))
         nodes.append(proc)
-    workers = [processes.start(f"worker-{i}", "worker.cli", [
-        "--servers", ",".join(servers), "--worker-id", str(i), "--timeout", "30",
-        "--insecure", *to_argv(CFG, SERVER)]) for i in range(CFG.num_workers)]
+    # workers 2 and 3 each in a process of their own (to kill and to stop), the others
+    # in one
+    others, killed, straggler = (processes.start(f"workers-{ids}", "worker.cli", [
+        "--servers", ",".join(servers), "--worker-id", ids, "--timeout", "30",
+        "--insecure", *to_argv(CFG, SERVER)]) for ids in ("0,1,4", "2", "3"))
     wait_for(lambda: len(_rounds(tmp_path)) >= 4, 120, "round 4")
-    workers[2].process.send_signal(signal.SIGKILL)  # gone for good
-    os.kill(workers[3].pid, signal.SIGSTOP)  # a straggler
+    killed.process.send_signal(signal.SIGKILL)  # gone for good
+    os.kill(straggler.pid, signal.SIGSTOP)  # a straggler
     try:
         wait_for(lambda: sum(r["missing"] == [2, 3] for r in _rounds(tmp_path)) >= 3, 60,
                  "three rounds closed at their deadline without workers 2 and 3")
     finally:
-        os.kill(workers[3].pid, signal.SIGCONT)
-    for i in (0, 1, 3, 4):
-        assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
+        os.kill(straggler.pid, signal.SIGCONT)
+    for proc in (others, straggler):
+        assert processes.wait_exit(proc, 120) == 0, proc.tail()
     assert all(processes.wait_exit(node, 60) == 0 for node in nodes)
-    assert any("caught up" in line for line in workers[3].tail(50))
+    assert any("caught up" in line for line in straggler.tail(50))
     for s in range(CFG.num_shards):
         rounds = _rounds(tmp_path, s)
         assert [r["round"] for r in rounds] == list(range(CFG.rounds))
@@ -161,6 +163,7 @@ def test_a_run_whose_launcher_was_killed_resumes_bit_identical(processes, tmp_pa
                                   _reference(cfg, out, False).params)
 
 
+@pytest.mark.scenario
 def test_under_the_default_flags_a_silent_worker_costs_one_deadline(processes, tmp_path) -> None:
     """Issue 35's first row: a worker that stops answering (SIGSTOP: alive and connected)
     under no deadline or quorum flags at all (keys on, n=6, S=2): one round closes at the

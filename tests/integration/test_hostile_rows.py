@@ -44,6 +44,7 @@ pytestmark = pytest.mark.integration
 
 CFG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
                 rounds=4, seed=5).validate()
+ALL = f"0-{CFG.num_workers - 1}"  # every worker, in one process
 # for the future-round flood: rounds 2..601 must all lie inside the run
 LONG = RunConfig(dataset="synthetic", num_workers=2, num_shards=1, rule="mean", q=0,
                  rounds=1000, seed=5).validate()
@@ -77,8 +78,9 @@ def start_proxy(processes: Processes, tmp_path: Path, server: str, attack: str,
     return proc, processes.endpoint(ready, proc)
 
 
-def start_workers(processes: Processes, endpoint: str, ids: range | list[int],
+def start_workers(processes: Processes, endpoint: str, ids: list[int] | list[str],
                   cfg: RunConfig = CFG) -> list[ManagedProcess]:
+    """A worker process per id (or team of ids: ``0-3`` runs four in one process)."""
     return [processes.start(f"worker-{i}", "worker.cli", [
         "--servers", endpoint, "--worker-id", str(i), "--timeout", "60", "--insecure",
         *to_argv(cfg, WORKER)]) for i in ids]
@@ -158,7 +160,7 @@ def test_hello_with_a_bytes_settings_key_is_refused_by_server_and_through_proxy(
         assert isinstance(reply, Error), (endpoint, reply)
         assert reply.code == ErrorCode.MALFORMED.value and "max_bin_len" in reply.message
     assert server_proc.running and proxy_proc.running
-    workers = start_workers(processes, proxy, range(CFG.num_workers))
+    workers = start_workers(processes, proxy, [ALL])
     finish(processes, [proxy_proc, server_proc], workers)
 
 
@@ -186,7 +188,7 @@ def test_proxy_refuses_bad_push_rows_and_keeps_relaying(processes, peers, tmp_pa
         assert_errors(peer.ask_all(messages), code)
     assert proxy_proc.running and server_proc.running
     assert isinstance(peer.ask(status()), StatusReply)  # still relaying
-    workers = start_workers(processes, proxy, range(CFG.num_workers))
+    workers = start_workers(processes, proxy, [ALL])
     finish(processes, [proxy_proc, server_proc], workers)
 
 
@@ -276,7 +278,7 @@ def test_one_peer_cannot_fill_the_parking_for_the_others(processes, peers, tmp_p
     assert 200 <= len(replies) < busy and counters["unanswered"] == busy - len(replies)
     other.send([b"", *encode(Pull(round=1, worker=-1))])
     assert other.quiet(0.3)  # parked, not refused
-    workers = start_workers(processes, server, range(CFG.num_workers))
+    workers = start_workers(processes, server, [ALL])
     finish(processes, [server_proc], workers)
     [params] = other.replies(1)
     assert isinstance(params, Params) and params.round == 1

@@ -47,10 +47,12 @@ def start_servers(processes, out: Path, keys: Path, *extra: str) -> list[str]:
     return endpoints
 
 
-def start_workers(processes, endpoints: list[str], keys: Path, ids) -> list:
-    return [processes.start(f"worker-{i}", "worker.cli", [
-        "--servers", ",".join(endpoints), "--worker-id", str(i), "--timeout", "30",
-        "--keys", str(keys), *to_argv(CFG, SERVER)]) for i in ids]
+def start_workers(processes, endpoints: list[str], keys: Path, teams: list[str]) -> list:
+    """A worker process per team (``--worker-id``: ``0-5`` runs six workers in one
+    process, each with its own key and connections: one interpreter to start, not six)."""
+    return [processes.start(f"workers-{team}", "worker.cli", [
+        "--servers", ",".join(endpoints), "--worker-id", team, "--timeout", "30",
+        "--keys", str(keys), *to_argv(CFG, SERVER)]) for team in teams]
 
 
 def handshake_refused(sock: zmq.Socket, timeout_s: float = 10.0) -> bool:
@@ -123,9 +125,8 @@ def test_a_stolen_proxy_key_cannot_invent_workers_at_the_server_it_fronts(
                 assert isinstance(reply, Error) and reply.code in ("forbidden", "hello-first")
     finally:
         thief.close(0)
-    workers = start_workers(processes, endpoints, keys, range(CFG.num_workers))
-    for worker in workers:
-        assert processes.wait_exit(worker, 120) == 0, worker.tail()
+    (workers,) = start_workers(processes, endpoints, keys, [f"0-{CFG.num_workers - 1}"])
+    assert processes.wait_exit(workers, 120) == 0, workers.tail()
     rounds = read_jsonl(tmp_path / "server-0.jsonl")
     assert [r["round"] for r in rounds] == list(range(CFG.rounds))
     assert all(r["params_finite"] and not r["missing"] for r in rounds)
@@ -135,12 +136,11 @@ def test_a_killed_worker_costs_one_deadline_not_one_per_round(processes, tmp_pat
     keys = tmp_path / "keys"
     create_keys(keys, CFG.num_shards, CFG.num_workers)
     endpoints = start_servers(processes, tmp_path, keys, *QUORUM)
-    workers = start_workers(processes, endpoints, keys, range(CFG.num_workers))
+    others, killed = start_workers(processes, endpoints, keys, ["0-3,5", "4"])
     wait_for(lambda: len(read_jsonl(tmp_path / "server-0.jsonl")) >= 5, 120, "round 5")
-    workers[4].process.send_signal(signal.SIGKILL)
+    killed.process.send_signal(signal.SIGKILL)
     killed_at = len(read_jsonl(tmp_path / "server-1.jsonl"))  # (the slower shard's round)
-    for i in (0, 1, 2, 3, 5):
-        assert processes.wait_exit(workers[i], 120) == 0, workers[i].tail()
+    assert processes.wait_exit(others, 120) == 0, others.tail()
     for s in range(CFG.num_shards):
         rounds = read_jsonl(tmp_path / f"server-{s}.jsonl")
         assert [r["round"] for r in rounds] == list(range(CFG.rounds))
@@ -217,7 +217,7 @@ def test_an_over_long_message_gets_its_key_barred_and_the_run_goes_on(processes,
     create_keys(keys, CFG.num_shards, CFG.num_workers)
     endpoints = start_servers(processes, tmp_path, keys, *QUORUM)
     server = next(p for p in processes.started if p.name == "server-0")
-    workers = start_workers(processes, endpoints, keys, range(5))
+    (workers,) = start_workers(processes, endpoints, keys, ["0-4"])
     wait_for(lambda: len(read_jsonl(tmp_path / "server-0.jsonl")) >= 3, 120, "round 3")
     baseline = _rss_mb(server.pid)
     ctx = zmq.Context()
@@ -248,8 +248,7 @@ def test_an_over_long_message_gets_its_key_barred_and_the_run_goes_on(processes,
         thief.close(0)
     finally:
         ctx.destroy(0)
-    for worker in workers:
-        assert processes.wait_exit(worker, 180) == 0, worker.tail()
+    assert processes.wait_exit(workers, 180) == 0, workers.tail()
     assert connections == 1  # the first; never one after the offence
     assert peak - baseline < 150, (baseline, peak)
     lines = read_jsonl(tmp_path / "server-0.jsonl")

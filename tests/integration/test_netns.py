@@ -262,6 +262,7 @@ def _hostport(endpoint: str) -> str:
 
 
 @pytest.mark.netns
+@pytest.mark.scenario
 @pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
 def test_a_cluster_across_namespaces_with_latency_loss_and_a_bandwidth_cap_ends_bit_identical(
         lab: Lab, tmp_path: Path) -> None:

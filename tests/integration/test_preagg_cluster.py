@@ -98,9 +98,9 @@ def test_a_killed_centered_clipping_server_resumes_with_its_state(processes, tmp
 
     _, e0 = server(0, "tcp://127.0.0.1:*")
     victim, e1 = server(1, "tcp://127.0.0.1:*")
-    workers = [processes.start(f"worker-{i}", "worker.cli", [
-        "--servers", f"{e0},{e1}", "--worker-id", str(i), "--timeout", "1.5", "--retries",
-        "20", *keys, *to_argv(CC_CFG, SERVER)]) for i in range(CC_CFG.num_workers)]
+    workers = [processes.start("workers", "worker.cli", [  # one process, every worker
+        "--servers", f"{e0},{e1}", "--worker-id", f"0-{CC_CFG.num_workers - 1}", "--timeout",
+        "1.5", "--retries", "20", *keys, *to_argv(CC_CFG, SERVER)])]
     wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 10, 60, "round 10")
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)

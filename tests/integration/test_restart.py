@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="marmed",
                 rounds=40, seed=5).validate()
+TEAM = f"0-{CFG.num_workers - 1}"  # --worker-id: every worker in one process
 
 
 def _server(processes, tmp_path: Path, shard: int, bind: str, *extra: str):
@@ -41,12 +42,9 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     _, e0 = _server(processes, tmp_path, 0, "tcp://127.0.0.1:*")
     # checkpoints every 5 rounds: the restarted server is behind, the workers replay
     victim, e1 = _server(processes, tmp_path, 1, "tcp://127.0.0.1:*", "--checkpoint-every", "5")
-    workers = [
-        processes.start(f"worker-{i}", "worker.cli", [
-            "--servers", f"{e0},{e1}", "--worker-id", str(i), "--timeout", "1.5",
-            "--retries", "20", *keys, *to_argv(CFG, SERVER)])
-        for i in range(CFG.num_workers)
-    ]
+    workers = [processes.start("workers", "worker.cli", [  # one process, every worker
+        "--servers", f"{e0},{e1}", "--worker-id", TEAM, "--timeout", "1.5",
+        "--retries", "20", *keys, *to_argv(CFG, SERVER)])]
 
     def rounds_done() -> int:
         return len(read_jsonl(tmp_path / "server-1.jsonl"))
@@ -93,13 +91,9 @@ def test_killed_proxy_restarts_and_the_run_ends_bit_identical(processes, tmp_pat
         return proc, processes.endpoint(ready, proc)
 
     victim, front = proxy("tcp://127.0.0.1:*")
-    workers = [
-        processes.start(f"worker-{i}", "worker.cli", [
-            "--servers", f"{front},{e1}", "--via-proxy", "0", "--worker-id", str(i),
-            "--timeout", "1.5",
-            "--retries", "20", *keys, *to_argv(CFG, SERVER)])
-        for i in range(CFG.num_workers)
-    ]
+    workers = [processes.start("workers", "worker.cli", [  # one process, every worker
+        "--servers", f"{front},{e1}", "--via-proxy", "0", "--worker-id", TEAM,
+        "--timeout", "1.5", "--retries", "20", *keys, *to_argv(CFG, SERVER)])]
     wait_for(lambda: len(read_jsonl(tmp_path / "proxy-0.jsonl")) >= 12, 120,
              "the proxy to relay 12 rounds")
     victim.signal(signal.SIGKILL)

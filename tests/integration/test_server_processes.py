@@ -101,6 +101,7 @@ def test_a_vector_attack_holding_rounds_on_two_processes(tmp_path: Path) -> None
 
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=3, rule="marmed",
                 rounds=40, seed=5).validate()
+TEAM = f"0-{CFG.num_workers - 1}"  # --worker-id: every worker in one process
 
 
 def _server(processes, tmp_path: Path, shards: str, bind: str, *extra: str):
@@ -120,12 +121,9 @@ def test_a_killed_process_of_two_shards_resumes_and_the_run_ends_bit_identical(
     victim, e01 = _server(processes, tmp_path, "0-1", "tcp://127.0.0.1:*",
                           "--checkpoint-every", "5")
     _, e2 = _server(processes, tmp_path, "2", "tcp://127.0.0.1:*")
-    workers = [
-        processes.start(f"worker-{i}", "worker.cli", [
-            "--servers", f"{e01},{e2}", "--worker-id", str(i), "--timeout", "1.5",
-            "--retries", "20", *keys, *to_argv(CFG, SERVER)])
-        for i in range(CFG.num_workers)
-    ]
+    workers = [processes.start("workers", "worker.cli", [  # one process, every worker
+        "--servers", f"{e01},{e2}", "--worker-id", TEAM, "--timeout", "1.5",
+        "--retries", "20", *keys, *to_argv(CFG, SERVER)])]
     wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 12, 120,
              "shards 0-1 to reach round 12")
     victim.signal(signal.SIGKILL)
@@ -154,9 +152,9 @@ def test_an_evaluator_that_starts_after_every_worker_pushed_still_reads_round_0(
                        "--await-evaluator", "--linger", "120")
                for shards in ("0-1", "2")]
     endpoints = ",".join(endpoint for _, endpoint in servers)
-    workers = [processes.start(f"worker-{i}", "worker.cli", [
-        "--servers", endpoints, "--worker-id", str(i), "--timeout", "30", *keys,
-        *to_argv(CFG, SERVER)]) for i in range(CFG.num_workers)]
+    workers = [processes.start("workers", "worker.cli", [  # one process, every worker
+        "--servers", endpoints, "--worker-id", TEAM, "--timeout", "30", *keys,
+        *to_argv(CFG, SERVER)])]
     for proc, _ in servers:  # the workers' pushes of round 0 have come (its log says so)
         wait_for(lambda proc=proc: any("waits for the evaluator" in line
                                        for line in proc.tail(40)), 120, "round 0 to wait")
