@@ -28,6 +28,19 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> ob
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def checkpoint_round(out: Path, cfg, shard: int, keys, process: int | None = None) -> int:
+    """The round of shard ``shard``'s checkpoint in ``out``, -1 while it has none: a
+    server's writer thread writes (and fsyncs) behind its rounds, seconds behind on a
+    loaded host, so a test that kills a server waits for the checkpoint it expects."""
+    from server.checkpoint import read_run_checkpoint
+    from server.checkpoint.format import CheckpointError
+
+    try:
+        return read_run_checkpoint(out, cfg, shard, keys, finite=True, process=process).round
+    except CheckpointError:
+        return -1
+
+
 class Processes:
     """Starts module CLIs as child processes and always stops them at teardown."""
 

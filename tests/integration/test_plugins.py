@@ -39,24 +39,28 @@ def _run(home: Path, module: str, *args: str, timeout: float = 240) -> subproces
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_users_rule_and_attack_run_through_simulate_and_the_cluster(home: Path) -> None:
+@pytest.mark.parametrize("start", [
+    "fork",  # ps-cluster's default
+    # every role a fresh interpreter importing the plugin (one process each will do): the
+    # harder case, and the longer run; with the long scenarios (-m scenario)
+    pytest.param("exec", marks=pytest.mark.scenario)])
+def test_a_users_rule_and_attack_run_through_simulate_and_the_cluster(home: Path,
+                                                                      start: str) -> None:
     simulated = _run(home, "ps.reference.cli", *RUN, "--out-dir", str(home / "sim"))
     assert simulated.returncode == 0, simulated.stderr
     config = json.loads((home / "sim" / "config.json").read_text())
     assert config["run"]["rule"] == RULE and config["attack"]["worker_attack"] == ATTACK
     assert config["attack"]["params"]["my_defences:ScaledMean"]["factor"] == -3.0
     assert config["run"]["mom_group"] == 3  # the rule's own option, a run setting
-    # exec: every role a fresh interpreter importing the plugin; one process each will do
-    for start, layout in (("fork", []), ("exec", ["--server-processes", "1",
-                                                   "--worker-processes", "1"])):
-        out = home / f"cluster-{start}"
-        cluster = _run(home, "ps.launcher.cli", *RUN, "--shards", "3", "--start", start,
-                       *layout, "--verify", "--out-dir", str(out))
-        assert cluster.returncode == 0, cluster.stderr[-3000:]
-        assert "verified: the reference engine ends with the same parameters" in (
-            cluster.stdout + cluster.stderr)
-        assert (json.loads((out / "summary.json").read_text())["params_sha256"]
-                in simulated.stdout)
+    layout = ["--server-processes", "1", "--worker-processes", "1"] if start == "exec" else []
+    out = home / f"cluster-{start}"
+    cluster = _run(home, "ps.launcher.cli", *RUN, "--shards", "3", "--start", start,
+                   *layout, "--verify", "--out-dir", str(out))
+    assert cluster.returncode == 0, cluster.stderr[-3000:]
+    assert "verified: the reference engine ends with the same parameters" in (
+        cluster.stdout + cluster.stderr)
+    assert (json.loads((out / "summary.json").read_text())["params_sha256"]
+            in simulated.stdout)
 
 
 def test_a_grid_compares_a_users_rule_with_the_built_ins(home: Path) -> None:

@@ -20,7 +20,7 @@ from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
 from server.checkpoint import final_parameters, read_run_checkpoint
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import checkpoint_round, wait_for
 from worker.options import ClientOptions, EvalOptions
 
 pytestmark = pytest.mark.integration
@@ -101,10 +101,12 @@ def test_a_killed_centered_clipping_server_resumes_with_its_state(processes, tmp
     workers = [processes.start("workers", "worker.cli", [  # one process, every worker
         "--servers", f"{e0},{e1}", "--worker-id", f"0-{CC_CFG.num_workers - 1}", "--timeout",
         "1.5", "--retries", "20", *keys, *to_argv(CC_CFG, SERVER)])]
-    wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 10, 60, "round 10")
+    ring = KeyRing(tmp_path / "keys")
+    wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 10
+             and checkpoint_round(tmp_path, CC_CFG, 1, ring) >= 8, 60,
+             "round 10 and the checkpoint of round 8")
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)
-    ring = KeyRing(tmp_path / "keys")
     ckpt = read_run_checkpoint(tmp_path, CC_CFG, 1, ring, finite=True)
     assert 8 <= ckpt.round < CC_CFG.rounds and set(ckpt.rule_state) == {"center"}
 

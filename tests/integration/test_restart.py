@@ -16,7 +16,7 @@ from common.run.config import AttackConfig, RunConfig
 from common.run.metrics import read_jsonl
 from ps.reference.engine import simulate
 from server.checkpoint import final_parameters, read_run_checkpoint
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import checkpoint_round, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,12 @@ def test_killed_server_resumes_and_the_run_ends_bit_identical(processes, tmp_pat
     def rounds_done() -> int:
         return len(read_jsonl(tmp_path / "server-1.jsonl"))
 
-    wait_for(lambda: rounds_done() >= 12, 120, "server 1 to reach round 12")
+    ring = KeyRing(tmp_path / "keys")
+    wait_for(lambda: rounds_done() >= 12 and checkpoint_round(tmp_path, CFG, 1, ring) >= 10,
+             120, "server 1 to reach round 12 and checkpoint round 10")
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)
     reached = rounds_done()
-    ring = KeyRing(tmp_path / "keys")
     killed_at = read_run_checkpoint(tmp_path, CFG, 1, ring, finite=True).round
     assert 10 <= killed_at < CFG.rounds
 

@@ -21,7 +21,7 @@ from ps.launcher.cluster import Cluster, ClusterSpec
 from ps.launcher.options import ClusterOptions
 from ps.reference.engine import simulate
 from server.checkpoint import checkpoint_path, final_parameters, previous_path
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import checkpoint_round, wait_for
 from worker.options import ClientOptions, EvalOptions
 
 pytestmark = pytest.mark.integration
@@ -124,8 +124,10 @@ def test_a_killed_process_of_two_shards_resumes_and_the_run_ends_bit_identical(
     workers = [processes.start("workers", "worker.cli", [  # one process, every worker
         "--servers", f"{e01},{e2}", "--worker-id", TEAM, "--timeout", "1.5",
         "--retries", "20", *keys, *to_argv(CFG, SERVER)])]
-    wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 12, 120,
-             "shards 0-1 to reach round 12")
+    ring = KeyRing(tmp_path / "keys")
+    wait_for(lambda: len(read_jsonl(tmp_path / "server-1.jsonl")) >= 12 and all(
+        checkpoint_round(tmp_path, CFG, s, ring, process=0) >= 10 for s in (0, 1)), 120,
+        "shards 0-1 to reach round 12 and checkpoint round 10")
     victim.signal(signal.SIGKILL)
     processes.wait_exit(victim, 10)
     restarted, _ = _server(processes, tmp_path, "0-1", e01, "--resume",
@@ -135,7 +137,6 @@ def test_a_killed_process_of_two_shards_resumes_and_the_run_ends_bit_identical(
     assert processes.wait_exit(restarted, 60) == 0
     resumed = [line for line in restarted.tail(60) if "resumed shards 0-1" in line]
     assert resumed and "at round 1" in resumed[0]  # round 10 or 15: a checkpoint's
-    ring = KeyRing(tmp_path / "keys")
     params = final_parameters(tmp_path, CFG, ring, processes=2)  # each with its key
     torch.set_num_threads(1)
     reference = simulate(CFG, AttackConfig().validate(CFG))
