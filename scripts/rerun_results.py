@@ -24,6 +24,7 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.errors import ConfigError  # noqa: E402
 from ps.experiments.rerun import (  # noqa: E402
     CUT,
     LEDGER,
@@ -74,8 +75,11 @@ def main(out: Path, results: Path, only: tuple[str, ...], seeds: int | None, las
     if last and seeds is None:
         raise click.BadParameter("--last takes the last K seeds: give --seeds K too",
                                  param_hint="--last")
-    ledger = rerun(chosen, out, seeds=seeds, cut=cut, jobs=jobs, data_dir=data_dir,
-                   last=last, progress=lambda line: click.echo(line, err=True))
+    try:
+        ledger = rerun(chosen, out, seeds=seeds, cut=cut, jobs=jobs, data_dir=data_dir,
+                       last=last, progress=lambda line: click.echo(line, err=True))
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--out") from None
     click.echo("\n".join(summary(ledger)))
     if any(not e["finished"] for e in ledger.folders.values()):
         sys.exit(1)

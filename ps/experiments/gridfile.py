@@ -383,7 +383,8 @@ def _report(name: str, table: Any, axes: tuple[str, ...],
             raise ConfigError(f"{where}: a {BASELINE} needs worst_over to be a key of the "
                               f"grid, not {worst_over!r}")
         texts = [value_text(v) for v in values[worst_over]]
-        if not isinstance(baseline, str) or baseline not in texts:
+        baseline = value_text(tuple(baseline) if isinstance(baseline, list) else baseline)
+        if baseline not in texts:
             raise ConfigError(f"{where}: {BASELINE} = {baseline!r} is not a value of "
                               f"{worst_over} ({', '.join(texts)})")
     return ReportAxes(table["rows"], table["columns"], table["worst_over"], baseline,

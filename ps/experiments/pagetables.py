@@ -55,11 +55,11 @@ def best_match(table: Table, candidates: list[Table]) -> Table | None:
     same = [c for c in candidates if c[0] == table[0]]
     if not same:
         return None
-    ranked = sorted(same, key=lambda c: _closeness(table, c), reverse=True)
-    if len(ranked) > 1 and ranked[1] != ranked[0] \
-            and _closeness(table, ranked[1]) == _closeness(table, ranked[0]):
+    best = max(_closeness(table, c) for c in same)
+    top = [c for c in same if _closeness(table, c) == best]
+    if any(c != top[0] for c in top):
         return None
-    return ranked[0]
+    return top[0]
 
 
 def report_tables(reports: Path) -> list[Table]:

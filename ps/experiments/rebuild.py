@@ -59,7 +59,9 @@ def render(out: Path, results: list[dict[str, Any]], info: ReportInfo,
     from ps.experiments.filereport import write_file_report
     from ps.experiments.gridfile import GridFile, ReportAxes
 
-    axes = None if grid["report"] is None else ReportAxes(**grid["report"])
+    report = grid["report"]
+    axes = None if report is None else ReportAxes(
+        **{**report, "at_rounds": tuple(report.get("at_rounds", ()))})
     return write_file_report(out, results, info,
                              GridFile(grid["name"], [], tuple(grid["axes"]), {}, axes))
 

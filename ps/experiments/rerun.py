@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError
 from ps.experiments.gridfile import load_grid, tomllib
 from ps.experiments.rebuild import read_results
 from ps.experiments.runner import machine
@@ -209,6 +210,9 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
         if folder.needs_data_dir and data_dir is None:
             progress(f"{folder.name}: skipped (its grid reads --data-dir: give --data-dir)")
             continue
+        if (out / folder.name).resolve() == folder.published.resolve():
+            raise ConfigError(f"--out {out}: it holds the published {folder.name}; rerun "
+                              "into a folder of its own (e.g. --out runs/rerun)")
         if entry["seconds"] == 0 and (out / folder.name).exists():
             # a new entry's leftover cache (other seeds, a grid since grown): its cached
             # cells would not be timed

@@ -193,17 +193,26 @@ def at_round(results: Runs, round_: int) -> Runs:
 def round_tables(results: Runs, metric: str, axes: ReportAxes, others: tuple[str, ...],
                  measure: str) -> list[str]:
     """Markdown: for each of ``axes.at_rounds``, every worst case of the final tables at
-    that round beside the final one, and the change paired by seed (has it settled?)."""
+    that round beside the final one, and the change paired by seed (has it settled?); a
+    round no run was evaluated at is said in one line, an entry without a worst case
+    there is marked."""
     finals = worst_cases(results, metric, axes, others)
     lines: list[str] = []
     for at in axes.at_rounds:
-        early = {t.panel: t for t in worst_cases(at_round(results, at), metric, axes, others)}
+        cut = at_round(results, at)
         lines += ["", f"## Worst case over {axes.worst_over} at round {at} and at the end: "
-                  f"{measure}", "",
-                  f"The tables above, each entry at round {at} (every run cut there: the "
-                  "same per-seed worst over the same values) → at the last round, then the "
-                  "change paired by seed: its mean and 95 % interval. A worst case that "
-                  "has settled changes by an interval holding 0."]
+                  f"{measure}", ""]
+        if not cut:
+            lines.append(f"No run was evaluated at round {at} (evaluations every "
+                         "`--eval-every` rounds and at the last): nothing to compare.")
+            continue
+        early = {t.panel: t for t in worst_cases(cut, metric, axes, others)}
+        lines.append(f"The tables above, each entry at round {at} (every run cut there: the "
+                     "same per-seed worst over the same values) → at the last round, both "
+                     "over the seeds they share, then the change paired by seed: its mean "
+                     "and 95 % interval. A worst case that has settled changes by an "
+                     f"interval holding 0. *(no round {at})*: no worst case over the same "
+                     "values there; the final one alone.")
         for table in finals:
             before = early.get(table.panel)
             lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
@@ -211,19 +220,33 @@ def round_tables(results: Runs, metric: str, axes: ReportAxes, others: tuple[str
                       + " |", "|---|" + "---|" * len(table.columns)]
             for row in table.rows:
                 entries = [_change(None if before is None else before.cells.get((row, c)),
-                                   table, row, c) for c in table.columns]
+                                   table, row, c, at) for c in table.columns]
                 lines.append(f"| {row} | " + " | ".join(entries) + " |")
     return lines
 
 
-def _change(before: WorstCase | None, table: Table, row: str, column: str) -> str:
-    """``0.586 → 0.507, -0.079 [-0.301, +0.143]``; the final entry alone without one at
-    the earlier round."""
+def _change(before: WorstCase | None, table: Table, row: str, column: str, at: int) -> str:
+    """``0.586 → 0.507, -0.079 [-0.301, +0.143]`` over the seeds both have (``(2 of 3
+    seeds)`` when fewer than the final's); the final entry alone, marked, without a worst
+    case at round ``at``."""
     after = table.cells.get((row, column))
-    if after is None or before is None:
+    if after is None:
         return _entry(table, row, column)
-    change = Sample.of(_finite(after.lows)) - Sample.of(_finite(before.lows))
-    return f"{before.mean:.3f} → {after.mean:.3f}, {change.difference_text()}"
+    shared = sorted(set(after.lows) & set(before.lows), key=str) if before else []
+    if before is None or not shared:
+        return f"{after.text()} *(no round {at})*"
+    early = {s: before.lows[s] for s in shared}
+    late = {s: after.lows[s] for s in shared}
+    change = Sample.of(_finite(late)) - Sample.of(_finite(early))
+    fewer = f" ({len(shared)} of {len(after.lows)} seeds)" if len(shared) < len(after.lows) \
+        else ""
+    return (f"{_mean_text(early)} → {_mean_text(late)}, {change.difference_text()}{fewer}")
+
+
+def _mean_text(lows: dict[Any, float]) -> str:
+    """The mean of per-seed worsts, ``NaN`` if one diverged (as the tables write it)."""
+    mean = statistics.fmean(lows.values())
+    return "NaN" if math.isnan(mean) else f"{mean:.3f}"
 
 
 def _finite(lows: dict[Any, float]) -> dict[Any, float]:

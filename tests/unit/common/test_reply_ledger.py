@@ -25,19 +25,31 @@ class Reply:
     tensor: Any
 
 
+FILLER = b"filler"
+
+
 def _pair() -> tuple[zmq.Socket, zmq.Socket]:
+    """A ROUTER and a DEALER (``peer``) whose connection stalls until the dealer reads:
+    its receive queue holds one message and already holds ``FILLER``, so its libzmq
+    stops reading the socket, and with small kernel buffers a 2 MiB reply stays in the
+    router's libzmq (its tracker pending) whatever the load. (With room in its queue the
+    dealer's I/O thread would take the reply whole at once, unread by the test.)"""
     ctx = zmq.Context.instance()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.copy_threshold = ZERO_COPY_MIN_BYTES
-    # small kernel buffers: a 2 MiB reply the peer does not read stays in libzmq's hands
-    # (its tracker pending) whatever the machine's load, not written out to the kernel
     router.setsockopt(zmq.SNDBUF, 64 << 10)
     dealer.setsockopt(zmq.RCVBUF, 64 << 10)
+    dealer.setsockopt(zmq.RCVHWM, 1)
     dealer.setsockopt(zmq.IDENTITY, b"peer")
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
     dealer.send(b"hi")
     router.recv_multipart()
+    router.send_multipart([b"peer", FILLER])
+    deadline = time.monotonic() + 5  # the filler in the dealer's queue, unread
+    while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        assert time.monotonic() < deadline, "the filler never arrived"
+        time.sleep(0.001)
     return router, dealer
 
 
@@ -57,7 +69,7 @@ def test_large_replies_beyond_the_budget_are_dropped_until_taken() -> None:
         while dealer.poll(2000):
             dealer.recv_multipart()
             received += 1
-        assert received == 3 + 3
+        assert received == 1 + 3 + 3  # the filler, then the replies sent
         deadline = time.monotonic() + 5
         while ledger.held("worker-1") and time.monotonic() < deadline:
             time.sleep(0.01)  # libzmq hands the frames back through pyzmq's gc thread
@@ -75,7 +87,8 @@ def test_a_peer_without_a_principal_is_not_counted() -> None:
     try:
         send_all(router, [Reply([b"peer"], Params(round=0, shards=[0], length=BIG.size), BIG)],
                  ledger)
-        assert dealer.poll(2000)
+        assert dealer.recv_multipart() == [FILLER]
+        assert dealer.poll(2000) and len(dealer.recv_multipart()[-1]) == BIG.nbytes
     finally:
         router.close(0)
         dealer.close(0)
@@ -93,8 +106,11 @@ def test_a_received_frame_relayed_is_counted_by_its_memory() -> None:
         values = frames[2]
         assert isinstance(values, zmq.Frame) and len(values) == BIG.nbytes
         assert ledger.send(router, [b"peer"], [b"header", values], BIG.nbytes)
+        time.sleep(0.2)  # time enough to send it all, were the connection not stalled
+        assert ledger.held(b"peer") == BIG.nbytes
         assert not ledger.send(router, [b"peer"], [b"header", values], BIG.nbytes)
         assert held == [b"peer"] and ledger.held(b"peer") == BIG.nbytes
+        assert dealer.recv_multipart() == [FILLER]
         assert dealer.poll(2000) and len(dealer.recv_multipart()[-1]) == BIG.nbytes
     finally:
         for sock in (router, dealer, source, sink):

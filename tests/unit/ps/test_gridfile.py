@@ -215,3 +215,12 @@ def test_a_report_takes_a_baseline_and_earlier_rounds() -> None:
                   'worst_over = "worker-attack"\nbaseline = "none"\nat_rounds = [1, 1]\n').report
     assert report is not None
     assert (report.baseline, report.at_rounds) == ("none", (1,))
+
+
+def test_a_baseline_may_be_written_as_its_setting_is() -> None:
+    """A number on a numeric axis, as the axis gives it: kept as the tables write it."""
+    report = grid('rule = ["mean", "krum"]\nlr = [0.1, 0.2, 0.3]\n'
+                  'worker-attack = ["none", "alie"]\nbyzantine-workers = [0]\n[report]\n'
+                  'rows = "rule"\ncolumns = "worker-attack"\nworst_over = "lr"\n'
+                  'baseline = 0.1\n').report
+    assert report is not None and report.baseline == "0.1"

@@ -47,6 +47,7 @@ def test_two_different_best_matches_are_named_not_guessed(tmp_path: Path) -> Non
     unlike_both = [*HEADER, "| mean | 0.5 |", "| krum | 0.5 |"]
     assert best_match(unlike_both, [PANEL_0, PANEL_9]) is None
     assert best_match(unlike_both, [PANEL_0, list(PANEL_0)]) == PANEL_0  # one table twice
+    assert best_match(unlike_both, [PANEL_0, list(PANEL_0), PANEL_9]) is None
     synced = sync("\n".join(["# page", *unlike_both]), report_tables(tmp_path))
     assert synced.unmatched == ["line 2: | rule | top-1 |"] and synced.stale == 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 from ps.experiments.rerun import (
     CUT,
     LEDGER,
@@ -170,3 +171,14 @@ def test_a_published_grid_reruns_bit_identical_from_its_grid_file(tmp_path: Path
     assert lines[1].startswith("tiny") and lines[-1].startswith("all")
     shown = subprocess.run([*script, "--summary"], capture_output=True, text=True, check=True)
     assert "2 identical, 0 different" in shown.stdout
+
+
+def test_a_rerun_into_the_published_folders_is_refused(tmp_path: Path) -> None:
+    """--out the results folder itself: refused before anything is cleared or written."""
+    results = tmp_path / "results"
+    (results / "tiny").mkdir(parents=True)
+    (results / "tiny" / "grid.toml").write_text(GRID.format(seeds=1), encoding="utf-8")
+    with pytest.raises(ConfigError, match="holds the published tiny"):
+        rerun(published_folders(results), results, seeds=None, cut=False, jobs=1,
+              data_dir=None, progress=lambda _: None, run=lambda argv: pytest.fail("ran"))
+    assert (results / "tiny" / "grid.toml").exists()

@@ -139,3 +139,19 @@ def test_an_earlier_rounds_worst_case_is_set_beside_the_final_one_paired_by_seed
     assert low < 0 < high
     assert [len(r["points"]) for r in at_round(results, 10)] == [1] * len(results)
     assert at_round(results, 15) == []  # no evaluation at round 15
+
+
+def test_a_round_without_evaluations_is_said_and_a_missing_seed_is_counted() -> None:
+    axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(15,))
+    results = [*_curve("krum", "alie", [(0.6, 0.3)] * 3), *_curve("krum", "ipm", [(0.9, 0.9)] * 3)]
+    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    assert "No run was evaluated at round 15" in " ".join(lines)
+    assert not any(line.startswith("| krum |") for line in lines)
+    # seed 2 has no evaluation at round 10: both sides over seeds 0 and 1, and said
+    for r in results:
+        if r["seed"] == 2:
+            r["points"] = r["points"][1:]
+    axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(10,))
+    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    krum = next(line for line in lines if line.startswith("| krum |"))
+    assert krum.startswith("| krum | 0.600 → 0.300, -0.300") and "(2 of 3 seeds)" in krum
