@@ -150,6 +150,7 @@ def test_a_grid_that_reads_a_data_dir_is_skipped_without_one(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
+@pytest.mark.scenario  # four commands, a grid published then rerun: opt-in (CI runs it)
 def test_a_published_grid_reruns_bit_identical_from_its_grid_file(tmp_path: Path) -> None:
     """The script, as a user runs it: one seed of a two-seed grid, resumed once finished;
     every rerun run ends bit-identical to the published one (same machine)."""
