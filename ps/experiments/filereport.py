@@ -105,7 +105,7 @@ def write_file_report(out: Path, results: list[dict[str, Any]], info: ReportInfo
                 worst_case_heatmap(out, tables, grid.report, results, info.metric, measure),
                 worst_case_curves(out, tables, grid.report, info.metric, results)):
             lines += ["", f"![{path.name}]({path.name})"]
-        lines += round_tables(results, info.metric, grid.report, others, measure)
+        lines += round_tables(tables, results, info.metric, grid.report, others, measure)
     if "partition" in grid.axes:
         axes, by = _flatness_axes(grid, others)
         lines += flatness_lines(_cells(results, axes), axes, by, info.metric, measure)

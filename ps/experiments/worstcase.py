@@ -190,13 +190,12 @@ def at_round(results: Runs, round_: int) -> Runs:
     return cut
 
 
-def round_tables(results: Runs, metric: str, axes: ReportAxes, others: tuple[str, ...],
-                 measure: str) -> list[str]:
-    """Markdown: for each of ``axes.at_rounds``, every worst case of the final tables at
-    that round beside the final one, and the change paired by seed (has it settled?); a
-    round no run was evaluated at is said in one line, an entry without a worst case
-    there is marked."""
-    finals = worst_cases(results, metric, axes, others)
+def round_tables(finals: list[Table], results: Runs, metric: str, axes: ReportAxes,
+                 others: tuple[str, ...], measure: str) -> list[str]:
+    """Markdown: for each of ``axes.at_rounds``, every worst case of the final tables
+    (``finals``: :func:`worst_cases` of ``results``) at that round beside the final one,
+    and the change paired by seed (has it settled?); a round no run was evaluated at is
+    said in one line, an entry without a worst case there is marked."""
     lines: list[str] = []
     for at in axes.at_rounds:
         cut = at_round(results, at)

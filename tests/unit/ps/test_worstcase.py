@@ -128,7 +128,8 @@ def test_an_earlier_rounds_worst_case_is_set_beside_the_final_one_paired_by_seed
                *_curve("mean", "alie", [(0.70, 0.71), (0.72, 0.70), (0.70, 0.70)]),
                *_curve("mean", "ipm", [(0.9, 0.9)] * 3)]
     axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(10,))
-    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    lines = round_tables(worst_cases(results, "top1", axes, OTHERS), results, "top1", axes, OTHERS,
+                         "test top1")
     assert "## Worst case over worker-attack at round 10 and at the end: test top1" in lines
     krum = next(line for line in lines if line.startswith("| krum |"))
     assert krum.startswith("| krum | 0.603 → 0.303, -0.300 [")
@@ -144,7 +145,8 @@ def test_an_earlier_rounds_worst_case_is_set_beside_the_final_one_paired_by_seed
 def test_a_round_without_evaluations_is_said_and_a_missing_seed_is_counted() -> None:
     axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(15,))
     results = [*_curve("krum", "alie", [(0.6, 0.3)] * 3), *_curve("krum", "ipm", [(0.9, 0.9)] * 3)]
-    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    lines = round_tables(worst_cases(results, "top1", axes, OTHERS), results, "top1", axes, OTHERS,
+                         "test top1")
     assert "No run was evaluated at round 15" in " ".join(lines)
     assert not any(line.startswith("| krum |") for line in lines)
     # seed 2 has no evaluation at round 10: both sides over seeds 0 and 1, and said
@@ -152,6 +154,7 @@ def test_a_round_without_evaluations_is_said_and_a_missing_seed_is_counted() -> 
         if r["seed"] == 2:
             r["points"] = r["points"][1:]
     axes = ReportAxes("defence", "partition", "worker-attack", at_rounds=(10,))
-    lines = round_tables(results, "top1", axes, OTHERS, "test top1")
+    lines = round_tables(worst_cases(results, "top1", axes, OTHERS), results, "top1", axes, OTHERS,
+                         "test top1")
     krum = next(line for line in lines if line.startswith("| krum |"))
     assert krum.startswith("| krum | 0.600 → 0.300, -0.300") and "(2 of 3 seeds)" in krum
