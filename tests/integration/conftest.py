@@ -28,6 +28,27 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> ob
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+HANDSHAKE_END = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_DISCONNECTED)
+
+
+def handshake_refused(sock: zmq.Socket, timeout_s: float = 10.0) -> bool:
+    """The connected socket's handshake was refused (True: failed, or the connection
+    dropped by the server; libzmq retries, so a later attempt's end is seen even if the
+    first came before the monitor) or succeeded (False)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    monitor = sock.get_monitor_socket(HANDSHAKE_END)
+    try:
+        if not monitor.poll(int(timeout_s * 1000)):
+            pytest.fail("no handshake event")
+        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+
+
 def checkpoint_round(out: Path, cfg, shard: int, keys, process: int | None = None) -> int:
     """The round of shard ``shard``'s checkpoint in ``out``, -1 while it has none: a
     server's writer thread writes (and fsyncs) behind its rounds, seconds behind on a

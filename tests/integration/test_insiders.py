@@ -23,7 +23,7 @@ from common.run.metrics import read_jsonl
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
 from server.checkpoint import final_parameters, params_digest
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import handshake_refused, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,19 +53,6 @@ def start_workers(processes, endpoints: list[str], keys: Path, teams: list[str])
     return [processes.start(f"workers-{team}", "worker.cli", [
         "--servers", ",".join(endpoints), "--worker-id", team, "--timeout", "30",
         "--keys", str(keys), *to_argv(CFG, SERVER)]) for team in teams]
-
-
-def handshake_refused(sock: zmq.Socket, timeout_s: float = 10.0) -> bool:
-    """The socket's CURVE handshake was refused (True) or succeeded (False)."""
-    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-    try:
-        if not monitor.poll(int(timeout_s * 1000)):
-            pytest.fail("no handshake event")
-        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
-    finally:
-        sock.disable_monitor()
-        monitor.close(0)
 
 
 def ask(sock: zmq.Socket, frames: list) -> object:
