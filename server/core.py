@@ -552,6 +552,7 @@ class ServerCore:
             "time": time.time(),
             "shard": shard,
             "round": m.round,
+            "lr": self.cfg.lr_at(m.round),  # the step size this round applied
             "aggregation_ms": round(m.aggregation_ms, 3),
             "nonfinite_values": m.nonfinite_values,
             "params_finite": m.params_finite,

@@ -1,8 +1,9 @@
 """State of one model shard and its synchronous round step (no sockets).
 
-Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr * Aggr({g_{i,s}^t : i in [n]}),
+Round t of shard s (paper, Section 2):  x_s^{t+1} = x_s^t - lr_t * Aggr({g_{i,s}^t : i in [n]}),
 with the n gradient shards ordered by worker id and Aggr the configured rule,
-applied locally and coordinate-wise, after the configured pre-aggregation chain
+applied locally and coordinate-wise (lr_t: ``--lr``, constant as in the paper unless
+``--lr-milestones`` steps it down), after the configured pre-aggregation chain
 (``--pre``, ``common.learn.rules.pre``; seeded by (seed, round, shard)): the run's
 ``Defence``. A round closed at its deadline aggregates the m < n rows it has (still
 ordered by worker id) with the chain and the rule built for m rows; which workers each
@@ -203,10 +204,11 @@ class ShardState:
                               [(0, self.size)])[0]
 
     def commit(self, done: Aggregated) -> RoundMetrics:
-        """Apply x <- x - lr * Aggr of ``aggregate`` and advance the round."""
+        """Apply x <- x - lr_t * Aggr of ``aggregate`` (lr_t: ``--lr`` on its step
+        schedule, ``RunConfig.lr_at``) and advance the round."""
         started = time.perf_counter()
         new = self.vectors.take()  # x - lr * Aggr, as the float32 operations of numpy
-        np.multiply(np.float32(self.cfg.lr), done.aggregate, out=new)
+        np.multiply(np.float32(self.cfg.lr_at(self.round)), done.aggregate, out=new)
         np.subtract(self.params, new, out=new)
         self.params = new
         mask = done.mask

@@ -64,6 +64,7 @@ class Setting:
     hashed: bool = False
     required: bool = False
     hash_default: bool = True
+    metavar: str | None = None
 
 
 def setting(
@@ -80,6 +81,7 @@ def setting(
     hashed: bool = False,
     required: bool = False,
     hash_default: bool = True,
+    metavar: str | None = None,
 ) -> Any:
     """A dataclass field that is a setting.
 
@@ -88,14 +90,16 @@ def setting(
     attacks do from where they can run); ``choices`` may be a callable read when a
     command is built, so a registry's names are always current; ``hash_default=False``:
     a hashed setting enters the run hash only when it differs from its default (one
-    added later, so that every earlier run keeps its hash).
+    added later, so that every earlier run keeps its hash); ``metavar``: the value's
+    name in ``--help`` where the type's is not enough.
     """
     unknown = set(roles or ()) - set(ALL_ROLES)
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}")
     spec = Setting(help=help, roles=None if roles is None else frozenset(roles), flag=flag,
                    short=short, env=env, choices=choices, minimum=minimum, maximum=maximum,
-                   hashed=hashed, required=required, hash_default=hash_default)
+                   hashed=hashed, required=required, hash_default=hash_default,
+                   metavar=metavar)
     return dataclasses.field(default=default, metadata={METADATA_KEY: spec})
 
 

@@ -136,7 +136,7 @@ def _click_option(d: Declared) -> Callable[[Callable], Callable]:
         kwargs.update(is_flag=True, default=False)
     elif d.kind is tuple:
         kwargs.update(type=str, default=",".join(map(str, d.default)) or None,
-                      callback=_int_list_callback, metavar="IDS")
+                      callback=_int_list_callback, metavar=d.spec.metavar or "IDS")
     else:
         kwargs.update(type=_click_type(d), default=d.default)
     if d.shown_default is not None:

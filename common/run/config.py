@@ -17,6 +17,7 @@ declared here once. Validation only checks; it never builds a rule or a model.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
@@ -67,6 +68,7 @@ RUN_CONFIG_FILE = "config.json"  # a run's settings and attack, in its output di
 # the roles of a run's settings that a grid of runs (ps-experiment) takes too: those it
 # does not vary
 RUN_AND_GRID = (*ROLES, EXPERIMENT)
+_LR_DECAY = 0.1  # --lr-decay's default: a tenth at each milestone
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,15 @@ class RunConfig:
         "a proxy corrupts the decoded values and rounds what it forwards; the reference "
         "engine rounds at the same point). Parameters always travel as float32.",
         roles=ROLES, hashed=True, hash_default=False, choices=WIRE_DTYPES)
+    lr_milestones: tuple[int, ...] = setting(
+        (), "Rounds at which the learning rate is multiplied by --lr-decay (a step "
+        "schedule, as torch's MultiStepLR stepped once a round): round t applies lr x "
+        "decay^k, k the milestones <= t; e.g. 200,300. Empty: a constant --lr (the "
+        "paper's).", roles=ROLES, hashed=True, hash_default=False, minimum=1,
+        metavar="ROUNDS")
+    lr_decay: float = setting(_LR_DECAY, "Factor the learning rate is multiplied by at each of "
+                              "--lr-milestones, in (0, 1].", roles=ROLES, hashed=True,
+                              hash_default=False, minimum=0.0, maximum=1.0)
     validation: float = setting(
         0.0, "Share of the training set held out as the evaluation set, in place of the "
         "test set, for tuning a setting: stratified by class, the same samples for every "
@@ -158,8 +169,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # the ids as they come from a peer's or a file's dict (a list) are the same setting
-        if isinstance(self.iid_workers, list):
-            object.__setattr__(self, "iid_workers", tuple(self.iid_workers))
+        for name in ("iid_workers", "lr_milestones"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @classmethod
     def extra_settings(cls) -> tuple[Declared, ...]:
@@ -222,6 +234,9 @@ class RunConfig:
         if list(self.iid_workers) != sorted(self.iid_workers):  # one spelling, one hash
             return replace(self, iid_workers=tuple(sorted(self.iid_workers))).validate()
         _check_ids("--iid-workers", self.iid_workers, self.num_workers)
+        if list(self.lr_milestones) != sorted(self.lr_milestones):  # one spelling, one hash
+            return replace(self, lr_milestones=tuple(sorted(self.lr_milestones))).validate()
+        self._check_schedule()
         _require(len(self.iid_workers) < self.num_workers,
                  "--iid-workers must leave at least one worker for the --partition split")
         _require(self.validation < 1, "--validation must be below 1 (the share of the "
@@ -237,6 +252,24 @@ class RunConfig:
             what = f"--pre {self.pre!r}, rule {self.rule!r}" if self.pre else f"rule {self.rule!r}"
             raise ConfigError(f"{what}: {exc}") from exc
         return self
+
+    def _check_schedule(self) -> None:
+        """``ConfigError`` for a step schedule that would not do what it says."""
+        steps = self.lr_milestones
+        _require(len(set(steps)) == len(steps), "--lr-milestones names a round twice: "
+                 f"{','.join(map(str, steps))}")
+        _require(not steps or steps[-1] < self.rounds, f"--lr-milestones: round "
+                 f"{steps[-1] if steps else 0} is not before --rounds {self.rounds}: it "
+                 "would never apply")
+        _require(0 < self.lr_decay <= 1, f"--lr-decay must be in (0, 1], got {self.lr_decay:g}")
+        _require(bool(steps) or self.lr_decay == _LR_DECAY, "--lr-decay applies at "
+                 "--lr-milestones: give the rounds too")
+
+    def lr_at(self, round_: int) -> float:
+        """The learning rate of round ``round_``'s update (``--lr`` times ``--lr-decay``
+        once per milestone reached), the one value every shard and the reference
+        engine apply."""
+        return self.lr * self.lr_decay ** bisect.bisect_right(self.lr_milestones, round_)
 
     def check_rows(self, rows: int) -> int:
         """Check that the pre-aggregation chain and the rule can aggregate ``rows`` rows

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ GRID_JSON = "grid.json"
 CUT = {"paper": 7}
 # Published folders a script made rather than a grid: name -> (the script, its seeds).
 SCRIPTED = {"medoid-float32": ("scripts/medoid_float32.py", 3)}
+SAVE_EVERY_S = 30.0  # how often a running grid's time so far is written to the ledger
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,12 @@ def recompare(ledger: Ledger, folders: Iterable[Folder], out: Path) -> None:
 
 def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool, jobs: int,
           data_dir: Path | None, last: bool = False, progress: Callable[[str], None] = print,
-          run: Callable[[list[str]], int] | None = None) -> Ledger:
+          run: Callable[[list[str]], int] | None = None,
+          save_every: float = SAVE_EVERY_S) -> Ledger:
     """Rerun ``folders`` into ``out``/<name>, timed into ``out``/rerun.json (resumable:
     finished folders are skipped, a stopped one resumes from its cache and adds its
-    time). A folder whose grid needs ``--data-dir`` is skipped without ``data_dir``."""
+    time, saved every ``save_every`` seconds while it runs). A folder whose grid needs
+    ``--data-dir`` is skipped without ``data_dir``."""
     run = run or _this_code
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / LEDGER)
@@ -220,12 +224,7 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
             shutil.rmtree(out / folder.name)
         progress(f"{folder.name}: {cells} cells of {all_cells} "
                  f"({'all seeds' if which is None else f'seeds: {which}'})")
-        started = time.monotonic()
-        try:
-            code = run(argv)
-        finally:
-            entry["seconds"] += time.monotonic() - started
-            ledger.save()
+        code = _timed(run, argv, entry, ledger, save_every)
         if code != 0:
             progress(f"{folder.name}: exited {code}; rerun to resume")
             return ledger
@@ -235,6 +234,32 @@ def rerun(folders: Iterable[Folder], out: Path, *, seeds: int | None, cut: bool,
                                         read_results(folder.published), here)
         ledger.save()
     return ledger
+
+
+def _timed(run: Callable[[list[str]], int], argv: list[str], entry: dict[str, Any],
+           ledger: Ledger, save_every: float) -> int:
+    """``run(argv)``, its wall time added to ``entry`` and saved every ``save_every``
+    seconds while it runs and once at its end: a rerun killed outright (a session that
+    ends) keeps the time of the cells it cached, all but the last interval."""
+    base, started = entry["seconds"], time.monotonic()
+    done = threading.Event()
+
+    def record() -> None:
+        entry["seconds"] = base + time.monotonic() - started
+        ledger.save()
+
+    def keep_saving() -> None:
+        while not done.wait(save_every):
+            record()
+
+    saver = threading.Thread(target=keep_saving, name="rerun-ledger", daemon=True)
+    saver.start()
+    try:
+        return run(argv)
+    finally:
+        done.set()
+        saver.join()
+        record()
 
 
 def _command(folder: Folder, out: Path, keep: int | None, jobs: int,

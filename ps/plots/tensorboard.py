@@ -164,6 +164,7 @@ class RunEvents:
     def _server(self, path: Path, r: dict[str, Any]) -> None:
         shard = f"shard-{path.stem.split('-', 1)[1]}"
         self._scalar(f"server/aggregation_ms/{shard}", r.get("aggregation_ms"), r["round"])
+        self._scalar(f"server/lr/{shard}", r.get("lr"), r["round"])
         self._scalar(f"server/nonfinite_values/{shard}", r.get("nonfinite_values"),
                      r["round"])
         if isinstance(r.get("missing"), list):
@@ -173,6 +174,7 @@ class RunEvents:
         times = r.get("aggregation_ms")
         for s, ms in enumerate(times if isinstance(times, list) else []):
             self._scalar(f"server/aggregation_ms/shard-{s}", ms, r["round"])
+            self._scalar(f"server/lr/shard-{s}", r.get("lr"), r["round"])
         self._scalar("proxy/corrupted_values/engine", r.get("corrupted_values"), r["round"])
 
     def _proxy(self, path: Path, r: dict[str, Any]) -> None:

@@ -82,6 +82,7 @@ def simulate_and_report(cfg: RunConfig, attack: AttackConfig, client: ClientOpti
     def report(t: int, sim) -> None:
         nonlocal corrupted
         engine.write({"round": t - 1,  # the round aggregated, as in server-<s>.jsonl
+                      "lr": cfg.lr_at(t - 1),
                       "aggregation_ms": [m.aggregation_ms for m in sim.last_metrics],
                       "corrupted_values": sim.corrupted_values - corrupted})
         corrupted = sim.corrupted_values

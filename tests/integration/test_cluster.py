@@ -93,6 +93,24 @@ def test_cluster_and_reference_engine_end_bit_identical(tmp_path: Path) -> None:
     np.testing.assert_array_equal(reference.params, result.params)
 
 
+def test_a_step_schedule_ends_bit_identical_and_every_shard_logs_its_rate(
+        tmp_path: Path) -> None:
+    """--lr-milestones 4,7: every shard's server steps its rate down at the same rounds
+    (it says so in server-<s>.jsonl), and the reference engine, which applies the same
+    schedule, ends with the same bits, not those of the constant rate."""
+    cfg, attack, result = _run(tmp_path, AttackConfig.build(worker_attack="alie",
+                                                             byzantine_workers=(0,)),
+                               rule="meamed", q=1, rounds=10, lr_milestones=(7, 4),
+                               lr_decay=0.5)
+    assert cfg.lr_milestones == (4, 7)
+    for s in range(2):
+        rates = [r["lr"] for r in read_jsonl(tmp_path / "run" / f"server-{s}.jsonl")]
+        assert rates == [0.1] * 4 + [0.05] * 3 + [0.025] * 3
+    torch.set_num_threads(1)
+    assert simulate(cfg, attack).digest == result.digest
+    assert simulate(replace(cfg, lr_milestones=(), lr_decay=0.1), attack).digest != result.digest
+
+
 @pytest.mark.parametrize(("attack", "momentum"), [
     (AttackConfig.build(worker_attack="alie", byzantine_workers=(0,), proxy_attack="gambler",
                         proxy_shards=(1,), gambler_p=0.002), 0.0),

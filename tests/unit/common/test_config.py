@@ -38,6 +38,12 @@ def test_q_defaults_per_rule() -> None:
         ({"partition": "shards"}, "--partition must be one of iid, dirichlet, extreme, gamma"),
         ({"alpha": 0.0}, "--alpha must be > 0, got 0.0"),
         ({"gamma": 1.5}, "--gamma must be in [0, 1], got 1.5"),
+        ({"lr_milestones": (0,)}, "--lr-milestones must be >= 1, got 0"),
+        ({"lr_milestones": (9, 9)}, "--lr-milestones names a round twice: 9,9"),
+        ({"lr_milestones": (500,)}, "round 500 is not before --rounds 500"),
+        ({"lr_milestones": (9,), "lr_decay": 0.0}, "--lr-decay must be in (0, 1], got 0"),
+        ({"lr_milestones": (9,), "lr_decay": 2.0}, "--lr-decay must be in [0, 1]"),
+        ({"lr_decay": 0.5}, "--lr-decay applies at --lr-milestones: give the rounds too"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, needle: str) -> None:
@@ -70,6 +76,24 @@ def test_partition_settings_at_their_defaults_leave_the_hash_of_earlier_runs() -
         {"partition": "gamma"}, {"partition": "gamma", "gamma": 0.1}, {"alpha": 0.1})}
     assert len(hashes) == 6
     assert RunConfig(lr=0.05).validate().config_hash != default.config_hash
+
+
+def test_the_step_schedule_multiplies_lr_by_the_decay_at_each_milestone() -> None:
+    """Round t applies lr x decay^k, k the milestones <= t (torch's MultiStepLR stepped
+    once a round); the milestones have one spelling (sorted) and so one hash; without
+    them the rate is --lr itself, bit for bit, and the hash what it was."""
+    cfg = RunConfig(rounds=400, lr=0.2, lr_milestones=(300, 200), lr_decay=0.5).validate()
+    assert cfg.lr_milestones == (200, 300)
+    assert [cfg.lr_at(t) for t in (0, 199, 200, 299, 300, 399)] == [
+        0.2, 0.2, 0.1, 0.1, 0.05, 0.05]
+    assert cfg.config_hash == RunConfig(rounds=400, lr=0.2, lr_milestones=[200, 300],
+                                        lr_decay=0.5).validate().config_hash
+    constant = RunConfig(rounds=400, lr=0.2).validate()
+    assert {constant.lr_at(t) for t in range(400)} == {0.2}
+    assert len({c.validate().config_hash for c in (
+        constant, cfg, RunConfig(rounds=400, lr=0.2, lr_milestones=(200, 300)),
+        RunConfig(rounds=400, lr=0.2, lr_milestones=(200,), lr_decay=0.5))}) == 4
+    assert RunConfig(lr_decay=0.1).validate().config_hash == "1b4005db4f473390"
 
 
 def test_differences_look_up_only_the_known_names() -> None:

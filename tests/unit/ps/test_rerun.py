@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,30 @@ def test_a_stopped_rerun_resumes_and_adds_up_its_time(tmp_path: Path) -> None:
     assert again.folders["tiny"]["seconds"] >= first and len(calls) == 1
     other = Ledger(out / LEDGER).entry("tiny", 3, 6, 8)
     assert other["seconds"] == 0.0 and other["seeds"] == 3
+
+
+def test_a_running_grids_time_is_in_the_ledger_before_it_ends(tmp_path: Path) -> None:
+    """Saved while the grid runs: a rerun killed outright (its session over) loses at
+    most the last interval of the time its cached cells took."""
+    results = tmp_path / "results"
+    (results / "tiny").mkdir(parents=True)
+    (results / "tiny" / "grid.toml").write_text(GRID.format(seeds=1), encoding="utf-8")
+    out = tmp_path / "rerun"
+    seen: list[float] = []
+
+    def slow_grid(argv: list[str]) -> int:
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            if (out / LEDGER).exists():
+                seconds = json.loads((out / LEDGER).read_text())["tiny"]["seconds"]
+                if seconds > 0:
+                    seen.append(seconds)
+            time.sleep(0.01)
+        return 1  # stopped
+
+    ledger = rerun(published_folders(results), out, seeds=None, cut=False, jobs=1,
+                   data_dir=None, progress=lambda _: None, run=slow_grid, save_every=0.05)
+    assert seen and 0 < seen[0] <= ledger.folders["tiny"]["seconds"]
 
 
 def test_a_grown_grid_is_timed_afresh_without_its_old_cache(tmp_path: Path) -> None:

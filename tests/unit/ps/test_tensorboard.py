@@ -39,8 +39,8 @@ def test_a_runs_metrics_become_scalars_by_round_as_they_grow(tmp_path: Path) -> 
     _append(run / "evaluator.jsonl", {"round": 0, "top1": 0.1, "top3": 0.3, "loss": 2.3})
     _append(run / "worker-3.jsonl", {"round": 0, "loss": 2.2, "compute_ms": 1.5,
                                      "exchange_ms": 4.0})
-    _append(run / "server-1.jsonl", {"round": 0, "aggregation_ms": 0.4, "nonfinite_values": 0,
-                                     "missing": [2]})
+    _append(run / "server-1.jsonl", {"round": 0, "lr": 0.1, "aggregation_ms": 0.4,
+                                     "nonfinite_values": 0, "missing": [2]})
     _append(run / "proxy-0.jsonl", {"round": 0, "corrupted_values": 57},
             partial='{"round": 1, "corrupted')  # a line still being written
     events = RunEvents(run, every=1)
@@ -53,6 +53,7 @@ def test_a_runs_metrics_become_scalars_by_round_as_they_grow(tmp_path: Path) -> 
     assert [(s, round(v, 3)) for s, v in got["test/top1"]] == [(0, 0.1), (5, 0.6)]
     assert got["train/loss/worker-3"][0][0] == 0 and got["time/exchange_ms/worker-3"]
     assert got["server/missing_workers/shard-1"] == [(0, 1.0)]
+    assert [(s, round(v, 6)) for s, v in got["server/lr/shard-1"]] == [(0, 0.1)]
     assert got["proxy/corrupted_values/proxy-0"] == [(0, 57.0), (1, 60.0)]  # once each
     assert got["cluster/restarts"] == [(5, 1.0)]
 
@@ -96,12 +97,14 @@ def test_ps_simulate_writes_the_runs_events(tmp_path: Path) -> None:
     out = tmp_path / "sim"
     result = CliRunner().invoke(simulate_main, [
         "--dataset", "synthetic", "--workers", "3", "--shards", "2", "--rounds", "4",
-        "--eval-every", "2", "--proxy-attack", "gambler", "--tensorboard-every", "2",
-        "--out-dir", str(out)])
+        "--eval-every", "2", "--proxy-attack", "gambler", "--tensorboard-every", "1",
+        "--lr", "0.5", "--lr-milestones", "2", "--lr-decay", "0.5", "--out-dir", str(out)])
     assert result.exit_code == 0, result.output
     got = _scalars(out / "tensorboard")
     assert [s for s, _ in got["test/top1"]] == [2, 4]
-    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 2]  # rounds 0..3
+    assert [s for s, _ in got["server/aggregation_ms/shard-0"]] == [0, 1, 2, 3]
+    # the step schedule: 0.5 to round 1, halved from round 2
+    assert [v for _, v in got["server/lr/shard-1"]] == [0.5, 0.5, 0.25, 0.25]
     assert {"server/aggregation_ms/shard-0", "server/aggregation_ms/shard-1",
             "proxy/corrupted_values/engine"} <= set(got)
 

@@ -12,9 +12,10 @@ from server.group import ShardGroup
 from server.shard import HISTORY_ROUNDS
 
 
-def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5) -> ShardGroup:
+def _state(rule: str = "mean", n: int = 3, rounds: int = 10, lr: float = 0.5,
+           **schedule) -> ShardGroup:
     cfg = RunConfig(dataset="synthetic", num_workers=n, num_shards=1, rule=rule, q=0,
-                    lr=lr, rounds=rounds).validate()
+                    lr=lr, rounds=rounds, **schedule).validate()
     return ShardGroup(cfg, [0], np.ones(4, dtype=np.float32))
 
 
@@ -31,6 +32,19 @@ def test_step_applies_lr_times_aggregate() -> None:
     np.testing.assert_allclose(state.states[0].params, 1 - 0.5 * np.array([2, 2, 2, 2]))
     assert metrics.round == 0 and state.round == 1 and not state.complete
     assert metrics.nonfinite_values == 0 and metrics.params_finite
+
+
+def test_each_round_applies_the_rate_of_its_step_schedule() -> None:
+    """--lr-milestones 2,3 with --lr-decay 0.5: rounds 0-1 step by 0.5 x the aggregate,
+    round 2 by 0.25, round 3 on by 0.125 (float32 products, as the engine's)."""
+    state = _state("mean", lr=0.5, lr_milestones=(2, 3), lr_decay=0.5)
+    moved = []
+    for _ in range(5):
+        before = state.states[0].params.copy()
+        _push_all(state, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+        state.step()
+        moved.append(float((before - state.states[0].params)[0]))
+    assert moved == [0.5, 0.5, 0.25, 0.125, 0.125]
 
 
 def test_marmed_ignores_a_minority_of_huge_values() -> None:
