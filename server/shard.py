@@ -192,7 +192,7 @@ class ShardState:
 
     def step(self) -> RoundMetrics:
         """Aggregate the round's rows (all n, or those in at its deadline) and apply
-        x <- x - lr * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
+        x <- x - lr_t * Aggr; advance the round. ``RuleError`` if the rule cannot take them."""
         return self.commit(self.aggregate())
 
     def aggregate(self) -> Aggregated:
@@ -207,7 +207,7 @@ class ShardState:
         """Apply x <- x - lr_t * Aggr of ``aggregate`` (lr_t: ``--lr`` on its step
         schedule, ``RunConfig.lr_at``) and advance the round."""
         started = time.perf_counter()
-        new = self.vectors.take()  # x - lr * Aggr, as the float32 operations of numpy
+        new = self.vectors.take()  # x - lr_t * Aggr, as the float32 operations of numpy
         np.multiply(np.float32(self.cfg.lr_at(self.round)), done.aggregate, out=new)
         np.subtract(self.params, new, out=new)
         self.params = new

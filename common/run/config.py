@@ -156,8 +156,8 @@ class RunConfig:
         "paper's).", roles=ROLES, hashed=True, hash_default=False, minimum=1,
         metavar="ROUNDS")
     lr_decay: float = setting(_LR_DECAY, "Factor the learning rate is multiplied by at each of "
-                              "--lr-milestones, in (0, 1].", roles=ROLES, hashed=True,
-                              hash_default=False, minimum=0.0, maximum=1.0)
+                              "--lr-milestones: 0 < decay <= 1.", roles=ROLES, hashed=True,
+                              hash_default=False)
     validation: float = setting(
         0.0, "Share of the training set held out as the evaluation set, in place of the "
         "test set, for tuning a setting: stratified by class, the same samples for every "
@@ -261,15 +261,18 @@ class RunConfig:
         _require(not steps or steps[-1] < self.rounds, f"--lr-milestones: round "
                  f"{steps[-1] if steps else 0} is not before --rounds {self.rounds}: it "
                  "would never apply")
-        _require(0 < self.lr_decay <= 1, f"--lr-decay must be in (0, 1], got {self.lr_decay:g}")
+        _require(0 < self.lr_decay <= 1, "--lr-decay must be in (0, 1] (0 < decay <= 1), got "
+                 f"{self.lr_decay:g}")
         _require(bool(steps) or self.lr_decay == _LR_DECAY, "--lr-decay applies at "
                  "--lr-milestones: give the rounds too")
 
     def lr_at(self, round_: int) -> float:
         """The learning rate of round ``round_``'s update (``--lr`` times ``--lr-decay``
-        once per milestone reached), the one value every shard and the reference
-        engine apply."""
-        return self.lr * self.lr_decay ** bisect.bisect_right(self.lr_milestones, round_)
+        once per milestone reached, to 12 significant digits: 0.1 x 0.1 is 0.01, not
+        0.010000000000000002), the one value every shard and the reference engine apply
+        (as float32) and log. Before the first milestone: ``--lr`` itself."""
+        steps = bisect.bisect_right(self.lr_milestones, round_)
+        return float(f"{self.lr * self.lr_decay ** steps:.12g}") if steps else self.lr
 
     def check_rows(self, rows: int) -> int:
         """Check that the pre-aggregation chain and the rule can aggregate ``rows`` rows

@@ -8,9 +8,10 @@ directory, so ``tensorboard --logdir runs/`` shows every run side by side):
 * ``test/top1``, ``test/top3``, ``test/loss`` (``evaluator.jsonl``);
 * ``train/loss`` per worker, and ``time/compute_ms``, ``time/exchange_ms`` per worker
   (``worker-<i>.jsonl``: the round split into computing and exchanging);
-* ``server/aggregation_ms``, ``server/missing_workers`` and ``server/nonfinite_values``
-  per shard (``server-<s>.jsonl``; the reference engine's ``engine.jsonl``: its
-  aggregation time per shard and the values corrupted, ``proxy/corrupted_values``);
+* ``server/aggregation_ms``, ``server/lr`` (the rate the round applied),
+  ``server/missing_workers`` and ``server/nonfinite_values`` per shard
+  (``server-<s>.jsonl``; the reference engine's ``engine.jsonl``: its aggregation time
+  and rate per shard and the values corrupted, ``proxy/corrupted_values``);
 * ``proxy/corrupted_values`` per proxy (``proxy-<s>.jsonl``);
 * ``cluster/restarts``: processes restarted so far, at the round they happened.
 

@@ -20,8 +20,10 @@ from tests.integration.conftest import checkpoint_round, wait_for
 
 pytestmark = pytest.mark.integration
 
+# a step schedule too: the killed server resumes past its first milestone, on the rate
+# of its round
 CFG = RunConfig(dataset="synthetic", num_workers=3, num_shards=2, rule="marmed",
-                rounds=40, seed=5).validate()
+                rounds=40, seed=5, lr_milestones=(8, 20), lr_decay=0.5).validate()
 TEAM = f"0-{CFG.num_workers - 1}"  # --worker-id: every worker in one process
 
 

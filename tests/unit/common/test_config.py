@@ -41,8 +41,8 @@ def test_q_defaults_per_rule() -> None:
         ({"lr_milestones": (0,)}, "--lr-milestones must be >= 1, got 0"),
         ({"lr_milestones": (9, 9)}, "--lr-milestones names a round twice: 9,9"),
         ({"lr_milestones": (500,)}, "round 500 is not before --rounds 500"),
-        ({"lr_milestones": (9,), "lr_decay": 0.0}, "--lr-decay must be in (0, 1], got 0"),
-        ({"lr_milestones": (9,), "lr_decay": 2.0}, "--lr-decay must be in [0, 1]"),
+        ({"lr_milestones": (9,), "lr_decay": 0.0}, "--lr-decay must be in (0, 1]"),
+        ({"lr_milestones": (9,), "lr_decay": 2.0}, "(0 < decay <= 1), got 2"),
         ({"lr_decay": 0.5}, "--lr-decay applies at --lr-milestones: give the rounds too"),
     ],
 )
@@ -86,6 +86,10 @@ def test_the_step_schedule_multiplies_lr_by_the_decay_at_each_milestone() -> Non
     assert cfg.lr_milestones == (200, 300)
     assert [cfg.lr_at(t) for t in (0, 199, 200, 299, 300, 399)] == [
         0.2, 0.2, 0.1, 0.1, 0.05, 0.05]
+    tenth = RunConfig(rounds=9, lr_milestones=(3, 6)).validate()  # 0.1 x 0.1 x 0.1
+    assert [tenth.lr_at(t) for t in (2, 3, 6)] == [0.1, 0.01, 0.001]
+    odd = RunConfig(rounds=9, lr=0.123456789012345678, lr_milestones=(3,)).validate()
+    assert odd.lr_at(0) == 0.123456789012345678  # --lr itself, every digit
     assert cfg.config_hash == RunConfig(rounds=400, lr=0.2, lr_milestones=[200, 300],
                                         lr_decay=0.5).validate().config_hash
     constant = RunConfig(rounds=400, lr=0.2).validate()
