@@ -342,6 +342,40 @@ def report(directory: Path) -> None:
 
 
 @main.command()
+@click.argument("before", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--round-before", type=click.IntRange(0), default=None,
+              help="Read BEFORE's runs at this round (every run cut there); default: "
+              "as they ended.")
+@click.option("--round-after", type=click.IntRange(0), default=None,
+              help="Read AFTER's runs at this round; default: as they ended.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the tables to this markdown file; default: print them.")
+def compare(before: Path, after: Path, round_before: int | None, round_after: int | None,
+            out: Path | None) -> None:
+    """Set the worst cases of two finished grid files (same axes, same [report]) side by
+    side: each cell's worst case in BEFORE beside AFTER's, over the seeds both ran, and
+    the change paired by seed with its 95 % interval. Only their results and grid.json
+    are read.
+
+    Example: ps-experiment compare docs/results/heterogeneity-long
+    docs/results/heterogeneity-decay
+    """
+    from ps.experiments.compare import compare_lines, read_side
+
+    try:
+        lines = compare_lines(read_side(before, round_before), read_side(after, round_after))
+    except ConfigError as exc:
+        raise GridFileError(str(exc)) from None
+    text = "\n".join(lines) + "\n"
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        click.echo(f"compared: {out}")
+
+
+@main.command()
 @click.argument("name", required=False)
 def grids(name: str | None) -> None:
     """List the grid files shipped with the package (name, path, first line); with NAME,

@@ -212,28 +212,39 @@ def round_tables(finals: list[Table], results: Runs, metric: str, axes: ReportAx
                      "and 95 % interval. A worst case that has settled changes by an "
                      f"interval holding 0. *(no round {at})*: no worst case over the same "
                      "values there; the final one alone.")
-        for table in finals:
-            before = early.get(table.panel)
-            lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
-                      f"| {axes.rows} \\ {axes.columns} | " + " | ".join(table.columns)
-                      + " |", "|---|" + "---|" * len(table.columns)]
-            for row in table.rows:
-                entries = [_change(None if before is None else before.cells.get((row, c)),
-                                   table, row, c, at) for c in table.columns]
-                lines.append(f"| {row} | " + " | ".join(entries) + " |")
+        lines += paired_tables(finals, early, axes, f"no round {at}")
     return lines
 
 
-def _change(before: WorstCase | None, table: Table, row: str, column: str, at: int) -> str:
+def paired_tables(finals: list[Table], earlier: dict[Panel, Table], axes: ReportAxes,
+                  missing: str) -> list[str]:
+    """Markdown: each table of ``finals`` under its title, every entry beside the same
+    panel's and cell's worst case in ``earlier`` and the change paired by seed; an entry
+    without one there is marked ``(missing)``."""
+    lines: list[str] = []
+    for table in finals:
+        before = earlier.get(table.panel)
+        lines += ["", f"### {table.panel.title(axes.worst_over)}", "",
+                  f"| {axes.rows} \\ {axes.columns} | " + " | ".join(table.columns)
+                  + " |", "|---|" + "---|" * len(table.columns)]
+        for row in table.rows:
+            entries = [_change(None if before is None else before.cells.get((row, c)),
+                               table, row, c, missing) for c in table.columns]
+            lines.append(f"| {row} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def _change(before: WorstCase | None, table: Table, row: str, column: str,
+            missing: str) -> str:
     """``0.586 → 0.507, -0.079 [-0.301, +0.143]`` over the seeds both have (``(2 of 3
-    seeds)`` when fewer than the final's); the final entry alone, marked, without a worst
-    case at round ``at``."""
+    seeds)`` when fewer than the final's); the final entry alone, marked ``(missing)``,
+    without an earlier worst case."""
     after = table.cells.get((row, column))
     if after is None:
         return _entry(table, row, column)
     shared = sorted(set(after.lows) & set(before.lows), key=str) if before else []
     if before is None or not shared:
-        return f"{after.text()} *(no round {at})*"
+        return f"{after.text()} *({missing})*"
     early = {s: before.lows[s] for s in shared}
     late = {s: after.lows[s] for s in shared}
     change = Sample.of(_finite(late)) - Sample.of(_finite(early))
