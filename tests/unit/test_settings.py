@@ -218,7 +218,7 @@ def test_each_command_takes_exactly_the_settings_its_table_entry_names(name: str
     command = _entry_points()[name]
     # ps-experiment run: a grid file's run settings are in the file, the rest are flags
     own = {("ps-experiment", "run"): INVOCATION.settings(), ("ps-experiment", "grids"): [],
-           ("ps-experiment", "report"): []}
+           ("ps-experiment", "report"): [], ("ps-experiment", "compare"): []}
     for sub in getattr(command, "commands", {}).values() or [command]:
         wanted = [d.param for d in own.get((name, sub.name), COMMANDS[name].settings())]
         taken = [p.name for p in sub.params if isinstance(p, click.Option) and p.envvar
