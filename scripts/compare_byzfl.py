@@ -2,7 +2,7 @@
 its aggregators driven by our engine (issue 37; ``ps/experiments/byzfl.py``). Needs
 byzfl: ``pip install --no-deps byzfl`` (never let pip replace torch).
 
-    nice -n 19 python3 scripts/compare_byzfl.py --out docs/results/byzfl
+    python3 scripts/compare_byzfl.py --out docs/results/byzfl
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from ps.experiments.byzfl import CellSpec, write
               help="Input seeds per pair and f.")
 @click.option("--rounds", default=100, show_default=True, type=click.IntRange(0),
               help="Rounds of each training cell (0: no training cells).")
-@click.option("--train-seed", default=0, show_default=True, type=click.IntRange(0),
-              help="Seed of the training cells.")
-def main(out: Path, seeds: int, rounds: int, train_seed: int) -> None:
+@click.option("--train-seeds", default=5, show_default=True, type=click.IntRange(2),
+              help="Seeds of the training cells (0 to N-1), ours and ByzFL's paired by seed.")
+def main(out: Path, seeds: int, rounds: int, train_seeds: int) -> None:
     """Compare with ByzFL; write the agreement table and the training cells."""
-    command = (f"nice -n 19 python3 scripts/compare_byzfl.py --out {out} --seeds {seeds} "
-               f"--rounds {rounds} --train-seed {train_seed}")
-    cells = CellSpec(rounds=rounds, seed=train_seed) if rounds else None
+    command = (f"python3 scripts/compare_byzfl.py --out {out} --seeds {seeds} "
+               f"--rounds {rounds} --train-seeds {train_seeds}")
+    cells = CellSpec(rounds=rounds, seeds=train_seeds) if rounds else None
     click.echo(write(out, seeds, cells, command, say=click.echo))
 
 

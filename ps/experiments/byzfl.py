@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import numpy as np
 
 from common.learn.rules.base import RULES, Rule, median_bound
+from ps.experiments.claims import Sample, below, within
+from ps.experiments.runner import machine
 
 if TYPE_CHECKING:
     import torch
@@ -607,16 +609,19 @@ def registered() -> Iterator[None]:
 @dataclass(frozen=True)
 class CellSpec:
     """The training cells' common settings (issue 37: the paper's MLP on Fashion-MNIST,
-    n = 20 of which 6 Byzantine sending ALIE, 4 shards, batch 32, lr 0.1, q = f = 6)."""
+    n = 20 of which 6 Byzantine sending ALIE, 4 shards, batch 32, lr 0.1, q = f = 6), on
+    seeds 0 to ``seeds - 1``: ours and ByzFL's aggregator are paired by seed."""
 
     rounds: int = 100
-    seed: int = 0
+    seeds: int = 5
     attack: str = "alie"
     q: int = 6
+    tolerance: float = 0.02  # "alike": the claims' "~" (``ps.experiments.claims``)
 
 
 def train_cells(spec: CellSpec, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Each cell of :data:`CELLS`, ours and ByzFL's, one at a time: final top-1."""
+    """Each cell of :data:`CELLS`, ours and ByzFL's, on each seed, one at a time: final
+    top-1 and final parameters' digest."""
     import torch
 
     from common.learn.data import load_dataset
@@ -629,22 +634,37 @@ def train_cells(spec: CellSpec, say: Callable[[str], None] = print) -> list[dict
     grid = GridSpec(rounds=spec.rounds)
     attack = {"worker_attack": spec.attack,
               "byzantine_workers": byzantine_workers(grid.num_workers)}
-    dataset = load_dataset(grid.dataset, None, seed=spec.seed)
     out = []
     with registered():
-        for ours, theirs, _, _ in CELLS:
-            for rule in (ours, theirs):
-                run = {**grid.base(spec.seed), "rule": rule, "q": spec.q}
-                cfg, attack_cfg = Cell("byzfl", spec.attack, run, attack).configs()
-                started = time.perf_counter()
-                result = simulate(cfg, attack_cfg, dataset=dataset)
-                top1 = Evaluator(cfg, dataset, None).evaluate(result.params).top1
-                record = {"rule": rule, "pair": ours, "top1": top1,
-                          "seconds": round(time.perf_counter() - started, 1),
-                          "params_sha256": result.digest}
-                say(str(record))
-                out.append(record)
+        for seed in range(spec.seeds):
+            dataset = load_dataset(grid.dataset, None, seed=seed)
+            for ours, theirs, _, _ in CELLS:
+                for rule in (ours, theirs):
+                    run = {**grid.base(seed), "rule": rule, "q": spec.q}
+                    cfg, attack_cfg = Cell("byzfl", spec.attack, run, attack).configs()
+                    started = time.perf_counter()
+                    result = simulate(cfg, attack_cfg, dataset=dataset)
+                    top1 = Evaluator(cfg, dataset, None).evaluate(result.params).top1
+                    record = {"rule": rule, "pair": ours, "seed": seed, "top1": top1,
+                              "seconds": round(time.perf_counter() - started, 1),
+                              "params_sha256": result.digest}
+                    say(str(record))
+                    out.append(record)
     return out
+
+
+def cell_verdict(ours: Sample, theirs: Sample, tolerance: float) -> str:
+    """Ours against ByzFL's final top-1, paired by seed: *higher* or *lower* where the
+    difference's 95 % interval excludes 0, *alike* where it lies inside ±``tolerance``
+    (both can hold), else *inconclusive*."""
+    order = below(ours, theirs)
+    alike = within(ours, theirs, tolerance)
+    words = []
+    if order is not None:
+        words.append("ours lower" if order else "ours higher")
+    if alike:
+        words.append(f"alike (within ±{tolerance:g})")
+    return ", ".join(words) or "inconclusive"
 
 
 # --------------------------------------------------------------------------- report
@@ -660,8 +680,11 @@ def report(result: dict[str, Any], command: str) -> str:
         "# ByzFL beside ours (issue 37)", "",
         f"ByzFL {result['byzfl']} (PyPI `byzfl`, installed with `pip install --no-deps`), "
         f"imported as {result['imported']}; torch {result['torch']}, numpy "
-        f"{result['numpy']}.", "",
-        f"Command: `{command}`", "",
+        f"{result['numpy']}" + (f"; on {result['machine']}" if "machine" in result
+                                 else "") + ".", "",
+        f"Command: `{command}`"
+        + (f" ({result['minutes']} min of wall time here, one core)" if "minutes" in result
+           else ""), "",
         "## Agreement", "",
         f"n = {result['n']}, d = {result['d']}, f in {result['fs']} (MDA: 2, 4; SMEA: 2; "
         f"bucketing: 2), {result['seeds']} seeds; inputs: `clean` (all rows correct, "
@@ -685,29 +708,49 @@ def report(result: dict[str, Any], command: str) -> str:
                      f"{row['verdict']} | {note(row)} |")
     cells = result.get("cells")
     if cells:
-        spec = result["cell_spec"]
-        lines += [
-            "", "## Training cells", "",
-            "ByzFL's benchmark imports torchvision (not installed beside torch 2.13 "
-            "here), so its aggregators are driven from our engine instead: each is "
-            "registered as a rule of ours (`byzfl-*`, only while the comparison runs) and "
-            "trained by `ps.reference.engine.simulate` beside ours on the same settings: "
-            f"Fashion-MNIST, the MLP, n = 20 of which 6 Byzantine sending our "
-            f"`{spec['attack']}` (ByzFL's ALittleIsEnough with the mapped tau above), "
-            f"S = 4 shards, batch 32, lr 0.1, q = f = {spec['q']}, {spec['rounds']} rounds, "
-            f"seed {spec['seed']}. ByzFL's aggregators get torch tensors, as its own server "
-            "gives them. One seed of 100 rounds under ALIE: training amplifies any "
-            "difference (the median's rounding in `torch.quantile`, another row picked by "
-            "ByzFL's Krum score, whose neighbours are n - f - 1 against our n - q - 2), so "
-            "a gap here is one run's, not a measured difference between the rules.", "",
-            "| ours | top-1 | ByzFL's | top-1 | params identical |",
-            "|---|---|---|---|---|",
-        ]
-        for ours, theirs in zip(cells[::2], cells[1::2], strict=True):
-            same = "yes" if ours["params_sha256"] == theirs["params_sha256"] else "no"
-            lines.append(f"| {ours['rule']} | {ours['top1']:.4f} | {theirs['rule']} | "
-                         f"{theirs['top1']:.4f} | {same} |")
+        lines += ["", *_cells_section(result["cell_spec"], cells)]
     return "\n".join(lines) + "\n"
+
+
+def _cells_section(spec: dict[str, Any], cells: list[dict[str, Any]]) -> list[str]:
+    """The report's training cells: per pair, each side's final top-1 over the seeds, the
+    paired difference and its verdict (:func:`cell_verdict`)."""
+    lines = [
+        "## Training cells", "",
+        "ByzFL's benchmark imports torchvision (not installed beside torch 2.13 here), so "
+        "its aggregators are driven from our engine instead: each is registered as a rule "
+        "of ours (`byzfl-*`, only while the comparison runs) and trained by "
+        "`ps.reference.engine.simulate` beside ours on the same settings: Fashion-MNIST, "
+        f"the MLP, n = 20 of which 6 Byzantine sending our `{spec['attack']}` (ByzFL's "
+        "ALittleIsEnough with the mapped tau above), S = 4 shards, batch 32, lr 0.1, "
+        f"q = f = {spec['q']}, {spec['rounds']} rounds, seeds 0-{spec['seeds'] - 1}: "
+        "the same data, partition, minibatches and attack on both sides of a pair. "
+        "ByzFL's aggregators get torch tensors, as its own server gives them. Training "
+        "amplifies any difference (the median's rounding in `torch.quantile`, another row "
+        "picked by ByzFL's Krum score, whose neighbours are n - f - 1 against our "
+        "n - q - 2), so even a pair with one definition ends with other parameters: its "
+        "paired differences measure how far rounding alone moves a run, which the "
+        "interval must hold before a gap between the libraries can be read.", "",
+        f"Final top-1: mean ± half its 95 % interval over the {spec['seeds']} seeds; "
+        "ours − ByzFL's paired by seed, mean [95 % Student-t interval]; verdict: *ours "
+        "higher* or *lower* where the interval excludes 0, *alike* where it lies inside "
+        f"±{spec['tolerance']:g} (the claims' \"~\"), else *inconclusive*.", "",
+        "| ours | top-1 | ByzFL's | top-1 | ours − ByzFL's | verdict | params identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_rule: dict[str, dict[int, dict[str, Any]]] = {}
+    for cell in cells:
+        by_rule.setdefault(cell["rule"], {})[cell["seed"]] = cell
+    for ours, theirs, _, _ in CELLS:
+        mine, other = by_rule.get(ours, {}), by_rule.get(theirs, {})
+        a = Sample({s: c["top1"] for s, c in mine.items()})
+        b = Sample({s: c["top1"] for s, c in other.items()})
+        shared = sorted(set(mine) & set(other))
+        same = sum(mine[s]["params_sha256"] == other[s]["params_sha256"] for s in shared)
+        lines.append(f"| {ours} | {a.text()} | {theirs} | {b.text()} | "
+                     f"{(a - b).difference_text()} | "
+                     f"{cell_verdict(a, b, spec['tolerance'])} | {same}/{len(shared)} |")
+    return lines
 
 
 def write(out_dir: Path, seeds: int, cells: CellSpec | None, command: str,
@@ -716,10 +759,13 @@ def write(out_dir: Path, seeds: int, cells: CellSpec | None, command: str,
     ``agreement.json`` and ``report.md`` into ``out_dir``."""
     import torch
 
+    started = time.perf_counter()
     result = agreement(seeds, say=say)
-    result |= {"torch": torch.__version__, "numpy": np.__version__, "command": command}
+    result |= {"torch": torch.__version__, "numpy": np.__version__, "command": command,
+               "machine": machine()}
     if cells is not None:
         result |= {"cell_spec": asdict(cells), "cells": train_cells(cells, say)}
+    result["minutes"] = round((time.perf_counter() - started) / 60, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "agreement.json").write_text(json.dumps(result, indent=1) + "\n",
                                             encoding="utf-8")

@@ -7,6 +7,8 @@ skipped where byzfl is not installed (CI does not install it)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from ps.experiments.byzfl import (
     PAIRS,
     N,
     alie_tau,
+    cell_verdict,
     compare_case,
     load_byzfl,
     make_inputs,
@@ -31,6 +34,9 @@ from ps.experiments.byzfl import (
     verdict,
     within_rounding,
 )
+from ps.experiments.claims import Sample
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.label)
@@ -126,19 +132,52 @@ def test_byzfl_rules_exist_only_while_registered() -> None:
             rule_class(name)
 
 
+def _cells(ours: list[float], theirs: list[float]) -> list[dict[str, object]]:
+    """Training records of the marmed pair (ByzFL's seed 0 bit-identical to ours)."""
+    return ([{"rule": "marmed", "seed": s, "top1": v, "params_sha256": f"a{s}"}
+             for s, v in enumerate(ours)]
+            + [{"rule": "byzfl-median", "seed": s, "top1": v,
+                "params_sha256": "a0" if s == 0 else "b"} for s, v in enumerate(theirs)])
+
+
 def test_report_tables() -> None:
     row = {"pair": "mean / Average()", "ours": "mean", "theirs": "Average()",
            "inputs": "clean", "verdict": "agree", "max_abs_diff": {b: 0.0 for b in BACKENDS}}
-    cell = {"top1": 0.8, "params_sha256": "x"}
     result = {"byzfl": "0.0.11", "imported": "import byzfl", "torch": "2", "numpy": "2",
               "n": N, "d": 1000, "fs": [2], "seeds": 1, "tolerance": "t", "rows": [row],
-              "cell_spec": {"attack": "alie", "q": 6, "rounds": 100, "seed": 0},
-              "cells": [{**cell, "rule": "marmed"},
-                        {**cell, "rule": "byzfl-median", "params_sha256": "y"}]}
+              "minutes": 12.5,
+              "cell_spec": {"attack": "alie", "q": 6, "rounds": 100, "seeds": 3,
+                            "tolerance": 0.02},
+              "cells": _cells([0.80, 0.81, 0.82], [0.80, 0.81, 0.825])}
     text = report(result, "python3 scripts/compare_byzfl.py")
     assert "| mean | Average() | clean | 0 | 0 | agree |" in text
-    assert "| marmed | 0.8000 | byzfl-median | 0.8000 | no |" in text
-    assert "`python3 scripts/compare_byzfl.py`" in text
+    assert "`python3 scripts/compare_byzfl.py` (12.5 min of wall time here" in text
+    assert ("| marmed | 0.810 ± 0.025 | byzfl-median | 0.812 ± 0.031 | -0.002 "
+            "[-0.009, +0.006] | alike (within ±0.02) | 1/3 |") in text
+    assert "| krum | nan (0 seeds) | byzfl-krum |" in text  # a pair not run is shown so
+
+
+@pytest.mark.parametrize(("ours", "theirs", "verdict"), [
+    ([0.80, 0.81, 0.82], [0.80, 0.81, 0.825], "alike (within ±0.02)"),
+    ([0.80, 0.81, 0.82], [0.80, 0.80, 0.83], "inconclusive"),  # ±0.025: past the bound
+    ([0.80, 0.81, 0.82], [0.70, 0.72, 0.71], "ours higher"),
+    ([0.70, 0.72, 0.71], [0.80, 0.81, 0.82], "ours lower"),
+    ([0.800, 0.810, 0.820], [0.795, 0.806, 0.814], "ours higher, alike (within ±0.02)"),
+    ([0.60, 0.80, 0.70], [0.80, 0.60, 0.70], "inconclusive"),
+])
+def test_cell_verdicts(ours: list[float], theirs: list[float], verdict: str) -> None:
+    assert cell_verdict(Sample.of(ours), Sample.of(theirs), 0.02) == verdict
+
+
+def test_the_published_report_is_its_results() -> None:
+    """docs/results/byzfl/report.md is what its agreement.json gives, every seed of the
+    training cells paired."""
+    folder = ROOT / "docs" / "results" / "byzfl"
+    result = json.loads((folder / "agreement.json").read_text(encoding="utf-8"))
+    assert (folder / "report.md").read_text(encoding="utf-8") == report(result,
+                                                                         result["command"])
+    spec = result["cell_spec"]
+    assert len(result["cells"]) == 2 * len(CELLS) * spec["seeds"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("byzfl") is None, reason="byzfl not installed")
