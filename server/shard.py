@@ -208,8 +208,10 @@ class ShardState:
         schedule, ``RunConfig.lr_at``) and advance the round."""
         started = time.perf_counter()
         new = self.vectors.take()  # x - lr_t * Aggr, as the float32 operations of numpy
-        np.multiply(np.float32(self.cfg.lr_at(self.round)), done.aggregate, out=new)
-        np.subtract(self.params, new, out=new)
+        with np.errstate(over="ignore", invalid="ignore"):  # a model an attack broke: the
+            # metrics' params_finite reports it (inf - inf is no warning for every round)
+            np.multiply(np.float32(self.cfg.lr_at(self.round)), done.aggregate, out=new)
+            np.subtract(self.params, new, out=new)
         self.params = new
         mask = done.mask
         metrics = RoundMetrics(

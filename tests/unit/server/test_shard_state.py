@@ -55,6 +55,22 @@ def test_marmed_ignores_a_minority_of_huge_values() -> None:
     assert metrics.nonfinite_values == 2
 
 
+def test_a_model_the_attack_broke_is_reported_without_numpy_warnings() -> None:
+    """Mean over an infinite row: the parameters turn infinite, then NaN (inf - inf);
+    ``params_finite`` says so each round, and numpy warns of nothing (a server under a
+    winning attack would print its RuntimeWarning in every process)."""
+    import warnings
+
+    state = _state("mean")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for row in ([np.inf] * 4, [-np.inf] * 4):
+            _push_all(state, [row, [1, 1, 1, 1], [1, 1, 1, 1]])
+            [(_, metrics)] = state.step()
+            assert not metrics.params_finite
+    assert np.isnan(state.states[0].params).all()
+
+
 @pytest.mark.parametrize(
     ("round_", "worker", "length", "code"),
     [
