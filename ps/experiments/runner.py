@@ -63,8 +63,10 @@ def run_cell(cell: Cell, data_dir: Path | None, eval_every: int,
         points.append({"round": t, "top1": e.top1, "top3": e.top3, "loss": e.loss})
 
     record(0, initial_parameters(cfg))
-    result = simulate(cfg, attack, dataset=_datasets[key], on_round=lambda t, sim: (
-        record(t, sim.params()) if t % eval_every == 0 or t == cfg.rounds else None))
+    result = simulate(cfg, attack, dataset=_datasets[key], settle_broken=True,
+                      on_round=lambda t, sim: (record(t, sim.params())
+                                               if t % eval_every == 0 or t == cfg.rounds
+                                               else None))
     return {"key": cell.key, "figure": cell.figure, "scenario": cell.scenario,
             "rule": cell.rule, "defence": cell.defence, "q": cfg.q,
             "worker_momentum": cfg.worker_momentum, "batch_size": cfg.batch_size,

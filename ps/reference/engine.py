@@ -106,6 +106,12 @@ class Simulation:
     def params(self) -> np.ndarray:
         return np.concatenate([s.params for s in self.shards])
 
+    def broken(self) -> bool:
+        """Whether every parameter is NaN (an attack that won): from here no round can
+        change a bit of them (``simulate``'s ``settle_broken``)."""
+        return (all(np.isnan(s.params[0]) for s in self.shards)
+                and all(bool(np.isnan(s.params).all()) for s in self.shards))
+
     def _hosting(self) -> list[list[int]]:
         """The shards of each server process modelled, in shard order: one shard a
         process; with a coordinate-wise defence and every worker in every round, each run
@@ -252,17 +258,28 @@ def simulate(
     on_round: Callable[[int, Simulation], None] | None = None,
     participation: Participation | None = None,
     device: torch.device | None = None,
+    settle_broken: bool = False,
 ) -> SimulationResult:
     """Run ``cfg.rounds`` rounds (aggregating the recorded ``participation``, default all
     n every round) on ``dataset`` (default the run's, ``run_dataset``: what its workers
     load), the workers' gradients on ``device`` (default the CPU); ``on_round(t, sim)`` is
-    called after each round."""
+    called after each round.
+
+    ``settle_broken`` (the grids' runs, which keep only evaluations and the final digest):
+    once every parameter is NaN, the remaining rounds are not computed, only reported to
+    ``on_round``. They could not change a bit: a shard steps x - lr_t * g with x first,
+    and IEEE arithmetic returns its NaN operand, x's own, whatever g is
+    (``test_a_broken_run_settles_bit_for_bit``); ``corrupted_values`` then counts the
+    rounds computed. A quarter of the paper grid's runs are NaN by round 25."""
     dataset = dataset or run_dataset(cfg, data_dir)
     sim = Simulation(cfg, attack, dataset, participation, device)
     started = time.perf_counter()
+    settled = False
     for t in range(cfg.rounds):
         check_stop()
-        sim.step()
+        if not settled:
+            sim.step()
+            settled = settle_broken and sim.broken()
         if on_round is not None:
             on_round(t + 1, sim)
     return SimulationResult(

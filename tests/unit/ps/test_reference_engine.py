@@ -102,3 +102,43 @@ def test_a_recorded_participation_hosts_each_shard_alone() -> None:
     assert [group.shards for group in sim.groups] == [(0,), (1,), (2,)]
     assert [group.shards for group in engine.Simulation(cfg, AttackConfig(), dataset).groups] \
         == [(0, 1, 2)]
+
+
+@pytest.mark.parametrize(("rule", "scenario"), [
+    ("mean", {"proxy_attack": "bitflip", "proxy_shards": (0,)}),
+    ("krum", {"proxy_attack": "gambler", "proxy_shards": (0,), "gambler_p": 0.05}),
+    ("mean", {"worker_attack": "omniscient", "byzantine_workers": (0, 1)}),
+])
+def test_a_broken_run_settles_bit_for_bit(rule: str, scenario: dict, monkeypatch) -> None:
+    """``settle_broken``: once every parameter is NaN the engine stops computing rounds,
+    and every round it reports, and the final digest, are bit for bit the full run's."""
+    cfg = RunConfig(dataset="synthetic", num_workers=7, num_shards=3, rounds=12, rule=rule,
+                    q=2).validate()
+    attack = AttackConfig.build(**scenario).validate(cfg)
+
+    def run(settle: bool) -> tuple[list[bytes], str, int]:
+        seen: list[bytes] = []
+        steps = []
+        original = engine.Simulation.step
+
+        def counted(self):
+            steps.append(1)
+            return original(self)
+
+        monkeypatch.setattr(engine.Simulation, "step", counted)
+        result = simulate(cfg, attack, settle_broken=settle,
+                          on_round=lambda t, sim: seen.append(sim.params().tobytes()))
+        return seen, result.digest, len(steps)
+
+    full, full_digest, full_steps = run(False)
+    settled, settled_digest, settled_steps = run(True)
+    assert full_steps == cfg.rounds and settled_steps < cfg.rounds  # it did settle
+    assert np.isnan(np.frombuffer(full[-1], dtype=np.float32)).all()
+    assert settled == full and settled_digest == full_digest
+
+
+def test_a_run_that_survives_never_settles() -> None:
+    cfg = RunConfig(dataset="synthetic", num_workers=7, num_shards=3, rounds=6, rule="marmed",
+                    q=2).validate()
+    attack = AttackConfig.build(proxy_attack="bitflip", proxy_shards=(0,)).validate(cfg)
+    assert simulate(cfg, attack, settle_broken=True).digest == simulate(cfg, attack).digest
