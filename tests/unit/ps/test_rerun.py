@@ -208,3 +208,11 @@ def test_a_rerun_into_the_published_folders_is_refused(tmp_path: Path) -> None:
         rerun(published_folders(results), results, seeds=None, cut=False, jobs=1,
               data_dir=None, progress=lambda _: None, run=lambda argv: pytest.fail("ran"))
     assert (results / "tiny" / "grid.toml").exists()
+
+
+def test_the_published_rerun_report_shows_its_ledger() -> None:
+    """docs/results/rerun/report.md's table is what its rerun.json gives (the figures
+    docs/results.md quotes for machine time come from a ledger in the repository)."""
+    folder = ROOT / "docs" / "results" / "rerun"
+    table = "\n".join(summary(Ledger(folder / LEDGER)))
+    assert f"```\n{table}\n```" in (folder / "report.md").read_text(encoding="utf-8")
