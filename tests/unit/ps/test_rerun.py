@@ -210,9 +210,15 @@ def test_a_rerun_into_the_published_folders_is_refused(tmp_path: Path) -> None:
     assert (results / "tiny" / "grid.toml").exists()
 
 
-def test_the_published_rerun_report_shows_its_ledger() -> None:
-    """docs/results/rerun/report.md's table is what its rerun.json gives (the figures
-    docs/results.md quotes for machine time come from a ledger in the repository)."""
+def test_the_published_rerun_report_shows_its_ledgers() -> None:
+    """docs/results/rerun/report.md's tables are what its ledgers give, the full rerun's
+    (rerun.json, every grid finished) and the one-seed sample's before it (sample.json):
+    the figures docs/results.md quotes for machine time come from the repository."""
     folder = ROOT / "docs" / "results" / "rerun"
-    table = "\n".join(summary(Ledger(folder / LEDGER)))
-    assert f"```\n{table}\n```" in (folder / "report.md").read_text(encoding="utf-8")
+    report = (folder / "report.md").read_text(encoding="utf-8")
+    for name in (LEDGER, "sample.json"):
+        table = "\n".join(summary(Ledger(folder / name)))
+        assert f"```\n{table}\n```" in report
+    full = Ledger(folder / LEDGER).folders
+    assert all(entry["finished"] and entry["seeds"] is None for entry in full.values())
+    assert {f.name for f in published_folders(ROOT / "docs" / "results")} <= set(full)
