@@ -8,8 +8,9 @@ routing envelope's first frame when running without keys):
   once); refusals beyond it are dropped without reply and counted;
 * :class:`LogThrottle`: at most one line per principal and ``interval_s``; the next
   line says how many were not logged in between;
-* :func:`excerpt`: text a peer controls (a field, a decoding error) cut to a short
-  prefix before it enters a log line or a reply;
+* :func:`excerpt`: text a peer controls (a field, a decoding error) on one line, its
+  unprintable characters escaped, cut to a short prefix before it enters a log line or
+  a reply; :func:`peer_repr`: a value a peer sent, shown so however deep it nests;
 * :class:`PeerPolicy`: the above, the bars of keys that broke a hard limit and the
   counters of it all, as the server and the proxy cores both use them.
 
@@ -20,6 +21,7 @@ connections without keys) cannot grow them. Thread-safe.
 from __future__ import annotations
 
 import logging
+import reprlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
@@ -58,9 +60,28 @@ def principal_name(principal: Hashable) -> str:
 
 
 def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
-    """``str(text)`` cut to ``limit`` characters (a peer controls it)."""
+    """``str(text)`` cut to ``limit`` characters (a peer controls it), its line breaks,
+    terminal escapes and other unprintable characters escaped (``\\n``, ``\\x1b``): a
+    peer's text cannot make a log line of its own or drive the reader's terminal."""
     value = str(text)
-    return value if len(value) <= limit else f"{value[:limit]}... ({len(value):,} characters)"
+    shown = value[:limit]
+    if not shown.isprintable():
+        shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                        for c in shown)
+    return shown if len(value) <= limit else f"{shown}... ({len(value):,} characters)"
+
+
+# repr() of a value a peer sent: a list nested a thousand deep (a HELLO of 1 KB) would
+# raise RecursionError, and a long one would be rendered whole before being cut
+_PEER_REPR = reprlib.Repr()
+_PEER_REPR.maxlevel = 3
+_PEER_REPR.maxstring = _PEER_REPR.maxother = EXCERPT_CHARS
+
+
+def peer_repr(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` of a value a peer sent, shown to 3 levels of nesting and a few
+    items of each, as :func:`excerpt` shows text."""
+    return excerpt(_PEER_REPR.repr(value), limit)
 
 
 _V = TypeVar("_V")

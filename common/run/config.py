@@ -60,7 +60,7 @@ from common.learn.rules.defence import (
     with_option_settings,
 )
 from common.learn.rules.pre import PRE_AGGREGATORS, parse_chain
-from common.net.budgets import excerpt
+from common.net.budgets import peer_repr
 from common.net.wire import FLOAT32, WIRE_DTYPES
 from common.run.plugins import fingerprints
 
@@ -314,7 +314,7 @@ class RunConfig:
         """
         ours = self.to_dict()
         missing = "<missing>"
-        out = [f"{k}: {ours[k]!r} != {excerpt(repr(other.get(k, missing)), 80)}"
+        out = [f"{k}: {ours[k]!r} != {peer_repr(other.get(k, missing), 80)}"
                for k in sorted(ours) if ours[k] != other.get(k, missing)]
         unknown = len(other) - sum(k in other for k in ours)
         if unknown:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.net.admission import Admission
-from common.net.budgets import LogThrottle, RateLimit, excerpt, principal_name
+from common.net.budgets import LogThrottle, RateLimit, excerpt, peer_repr, principal_name
 from common.net.keys import Identity
 
 W1, W2 = Identity("worker", 1), Identity("worker", 2)
@@ -93,6 +93,22 @@ def test_an_excerpt_of_a_peers_text_is_short_and_says_how_long_it_was() -> None:
     cut = excerpt("x" * 260_000)
     assert len(cut) < 240 and "260,000 characters" in cut
     assert principal_name(b"\xff" * 20) == "connection " + "ff" * 8
+
+
+def test_an_excerpt_is_one_line_its_unprintable_characters_escaped() -> None:
+    assert excerpt("a\nb\r\x1b[31mc\u202ed\x00") == "a\\nb\\r\\x1b[31mc\\u202ed\\x00"
+    assert excerpt("été, 1 ± 2") == "été, 1 ± 2"  # printable text as it is
+    cut = excerpt("\n" * 300)
+    assert cut.startswith("\\n" * 200) and cut.endswith("... (300 characters)")
+
+
+def test_a_peers_value_is_shown_however_deep_it_nests() -> None:
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert peer_repr(deep) == "[[[[...]]]]"
+    assert peer_repr("a\nb") == "'a\\nb'"
+    assert len(peer_repr(list(range(10**6)))) < 60
 
 
 def test_the_bounds_before_a_handshake_leave_room_for_a_local_clusters_workers() -> None:

@@ -211,6 +211,33 @@ def test_hello_with_another_hash_and_no_config_is_refused() -> None:
     assert "no settings sent" in error.message
 
 
+def test_hello_with_settings_nested_a_thousand_deep_is_a_config_mismatch() -> None:
+    """msgpack decodes a list nested 1,000 deep (a HELLO of about 1 KB): naming the
+    setting that differs shows it cut short (its repr raised RecursionError, answered
+    ``internal``, the path kept for the node's own bugs)."""
+    core = make_core()
+    deep: list = []
+    for _ in range(1000):
+        deep = [deep]
+    error = assert_error(hello(core, config_hash="0" * 16, config={"lr": deep}),
+                         ErrorCode.CONFIG_MISMATCH, 0)
+    assert "lr: 0.5 != [[[[...]]]]" in error.message
+    assert core.counters[ErrorCode.INTERNAL.value] == 0
+
+
+def test_a_peers_text_cannot_make_a_log_line_of_its_own(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A HELLO's hash with a line break and terminal escapes: the refusal's log line
+    shows them escaped, not as a made-up line of its own."""
+    core = make_core()
+    forged = "0\nWARNING barred worker-1 for good\x1b[2J"
+    with caplog.at_level(logging.WARNING, logger="ps.server"):
+        assert_error(hello(core, config_hash=forged, config={}), ErrorCode.CONFIG_MISMATCH, 0)
+    (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "0\\nWARNING barred worker-1 for good\\x1b[2J" in line
+    assert "\n" not in line and "\x1b" not in line
+
+
 def test_hello_with_unknown_role_is_malformed() -> None:
     core = make_core()
     assert_error(hello(core, role="gardener"), ErrorCode.MALFORMED, 0)
