@@ -97,6 +97,11 @@ INBOUND_FRAME_LIMIT = MAX_FRAME_BYTES + CURVE_FRAME_OVERHEAD
 # object): a message of a million empty frames is as large as its frames are many.
 FRAME_COST = 64
 
+# What relaying a message one hop further adds to it at the next node: the routing id of
+# the relay's own connection there (ZeroMQ's are 5 bytes, at most MAX_ROUTING_ID_BYTES)
+# and its frame. A relay refuses what this would take past the next node's limit.
+RELAY_HOP_BYTES = MAX_ROUTING_ID_BYTES + FRAME_COST
+
 Peer = tuple[bytes, ...]
 """A peer as a node sees it: its routing envelope, hashable."""
 

@@ -11,8 +11,8 @@ message and return what to send on, to the server or back to a worker. The core 
   vectors (omniscient and the other vector attacks but gaussian);
 * which worker each reply goes to (a PULL or ``pull_next`` push names it), so PARAMS
   are corrupted per worker deterministically;
-* the per-round tallies written as metrics, and when the proxy may exit (the n ACKs
-  of the last round went back).
+* the per-round tallies written as metrics, and when the proxy may exit (the last
+  round's ACKs went back to n distinct workers, or to n - q and no more came).
 
 The proxy checks what a worker sends exactly as the server would (``common.net.pushes``)
 before it corrupts or holds anything, and answers what the server would refuse
@@ -42,16 +42,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.learn.rules.defence import validated_q
 from common.net.budgets import PeerPolicy, principal_of
 from common.net.keys import Identity
 from common.net.protocol import (
     Ack,
     Error,
+    ErrorCode,
     Header,
     Message,
     Params,
     Pull,
     Push,
+    Refused,
     Welcome,
     encode,
     join_envelope,
@@ -72,8 +75,9 @@ log = logging.getLogger("ps.proxy")
 # Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
 MAX_ROUTES = 4096
 UNREAD_REPLIES = "unread-replies"  # large replies dropped: the worker left earlier ones
-# After a reply of the last round, how long the proxy waits for the others of it when
-# fewer than n come (a round deadline closed the last round without some workers).
+# After the ACK of the last round to the (n - q)-th worker, how long the proxy waits for
+# the others' when fewer than n come (a round deadline closed the last round without
+# some workers; it closes with n - q pushes at least, the least quorum a server takes).
 FINAL_QUIET_S = 2.0
 
 
@@ -125,7 +129,9 @@ class ProxyCore:
         self.tables = _Tables()
         self.counters: Counter[str] = Counter()
         self.round = welcome.round  # the server's current round, as far as replies tell
-        self.final_acks = 0
+        # the workers whose push of the last round was ACKed: each once, however often
+        # it pushed again (the server ACKs each repeat)
+        self.final_acked: set[int] = set()
         self.last_round_replied: float | None = None  # when a reply of the last round came
         self.first = slices.shards[0]  # the server process's name (its first shard)
         self.peers = PeerPolicy(self.counters, log, on_bar)
@@ -140,11 +146,15 @@ class ProxyCore:
             Error: self._on_error, Ack: self._on_ack, Params: self._on_params}
 
     def done(self, now: float) -> bool:
-        """The replies of the last round went back: all n ACKs, or (a round deadline:
-        absent workers push nothing) none more for ``FINAL_QUIET_S``."""
-        if self.final_acks >= self.cfg.num_workers:
+        """The replies of the last round went back: the ACKs of all n workers, or (a round
+        deadline: absent workers push nothing) of n - q of them and none more for
+        ``FINAL_QUIET_S``. The q Byzantine workers' keys alone can never end it, however
+        early or often they push the last round."""
+        acked = len(self.final_acked)
+        if acked >= self.cfg.num_workers:
             return True
-        return (self.last_round_replied is not None
+        return (acked >= self.cfg.num_workers - validated_q(self.cfg)
+                and self.last_round_replied is not None
                 and now - self.last_round_replied >= FINAL_QUIET_S)
 
     # -- worker -> server --------------------------------------------------------
@@ -155,6 +165,12 @@ class ProxyCore:
         now = time.monotonic() if now is None else now
 
         def dispatch(message: Message) -> list[Outgoing]:
+            if len(incoming.envelope) != 1:
+                # a worker's DEALER adds no routing frame of its own: made-up ones would
+                # each be a peer (a reply route), and take the message deeper at the server
+                raise Refused(ErrorCode.MALFORMED, f"routing envelope of "
+                              f"{len(incoming.envelope)} frames; a worker's message has "
+                              "none of its own before the empty delimiter")
             handler = self._from_worker.get(type(message.header))
             if handler is not None:
                 return handler(incoming, message)
@@ -264,7 +280,7 @@ class ProxyCore:
         ack = header_as(msg, Ack)
         self._follow(ack.round)
         if ack.round == self.cfg.rounds - 1:
-            self.final_acks += 1
+            self.final_acked.add(ack.worker)
             self.last_round_replied = now
         return [Outgoing(False, incoming.frames)]
 

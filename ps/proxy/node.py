@@ -18,6 +18,7 @@ from common.net.protocol import Hello, Welcome, encode, split_envelope
 from common.net.sharding import format_shard_set, parse_shard_set
 from common.net.transport import (
     LINGER_MS,
+    RELAY_HOP_BYTES,
     REPLIES_HELD,
     Listener,
     ReplyLedger,
@@ -67,8 +68,8 @@ def handshake(back: zmq.Socket, cfg: RunConfig, options: ProxyOptions) -> Welcom
 def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
           process: ProcessOptions, keys: KeyRing | None,
           targets: tuple[int, ...] | None = None) -> None:
-    """Relay until stopped, or until the n ACKs of the last round went back, corrupting
-    the server's shards in ``targets`` (None: all it hosts).
+    """Relay until stopped, or until the last round's ACKs went back (``ProxyCore.done``),
+    corrupting the server's shards in ``targets`` (None: all it hosts).
 
     With ``keys`` the proxy connects with the key ``proxy-<first>`` (which the server
     process named by its first shard, and no other, trusts to relay) and presents the
@@ -108,10 +109,12 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
         metrics = JsonlWriter(out / f"proxy-{hosted[0]}.jsonl" if out else None)
         largest = largest_message(welcome.length)  # a PARAMS reply, float32
         front_curve = keys.front_curve(hosted[0], cfg.num_workers) if keys else None
-        # a worker's push, in the run's --wire-dtype
+        # a worker's push, in the run's --wire-dtype, less the hop to the server: what is
+        # relayed as it came stays legal there, where the proxy's routing id is added (a
+        # message padded to the limit here must not get the proxy's own key barred)
         front = Listener(ctx, options.bind, front_curve,
-                         largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype]),
-                         clients=cfg.num_workers)
+                         largest_message(welcome.length, WIRE_ITEM_BYTES[cfg.wire_dtype])
+                         - RELAY_HOP_BYTES, clients=cfg.num_workers)
         core = ProxyCore(cfg, attack, welcome, metrics, on_bar=front.bar, targets=targets)
         # the large replies a worker's connection has not taken (a key has at most 4)
         ledger = ReplyLedger(lambda envelope: bytes(envelope[0]) if envelope else None,

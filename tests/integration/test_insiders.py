@@ -385,3 +385,65 @@ def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tm
     assert processes.wait_exit(proxy, 60) == 0, proxy.tail()
     counters = read_jsonl(tmp_path / "proxy-0.jsonl")[-1]["counters"]
     assert counters.get("unread-replies", 0) > 0, counters
+
+
+def test_a_worker_padding_a_relayed_push_cannot_get_the_proxys_key_barred(processes,
+                                                                           tmp_path) -> None:
+    """Worker-0's key holder, through the proxy, pushes an old round (which the proxy
+    relays as it came) padded with empty frames up to the largest message a node takes.
+    The server adds the proxy connection's routing id to what comes from it: before, that
+    took the message past the server's limit, the server barred proxy-0's key, and no
+    worker behind the proxy reached it again. The proxy now takes one hop less: it bars
+    worker-0's key itself, and the three honest workers finish the run."""
+    from common.net.relay_auth import hello_tag, new_nonce
+    from common.net.transport import FRAME_COST, largest_message
+
+    cfg = RunConfig(dataset="synthetic", num_workers=4, num_shards=1, q=1, rounds=12,
+                    seed=3).validate()
+    keys = tmp_path / "keys"
+    create_keys(keys, 1, cfg.num_workers, proxies=(0,))
+    ready = tmp_path / "server.endpoint"
+    server = processes.start("server-0", "server.cli", [
+        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
+        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
+    endpoint = processes.endpoint(ready, server)
+    proxy_ready = tmp_path / "proxy.endpoint"
+    proxy = processes.start("proxy-0", "ps.proxy.cli", [
+        "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
+        "--proxy-attack", "gambler", "--gambler-p", "0.0", "--out-dir", str(tmp_path),
+        "--ready-file", str(proxy_ready), "--keys", str(keys), *to_argv(cfg, SERVER)])
+    front = processes.endpoint(proxy_ready, proxy)
+    ring = KeyRing(keys)
+    ctx = zmq.Context.instance()
+    thief = connect_dealer(ctx, front, 0, ring.client_curve("worker-0", 0, via_proxy=True))
+    watcher = connect_dealer(ctx, endpoint, 0, ring.client_curve("evaluator", 0))
+    try:
+        nonce = new_nonce()
+        welcome = ask(thief, encode(Hello(
+            role="worker", worker=0, config_hash=cfg.config_hash, nonce=nonce,
+            tag=hello_tag(ring.worker_relay_key(0, 0), cfg.config_hash, 0, 0, nonce))))
+        assert isinstance(welcome, Welcome)
+        workers = [processes.start(f"worker-{i}", "worker.cli", [
+            "--servers", front, "--via-proxy", "0", "--worker-id", str(i), "--timeout", "30",
+            "--keys", str(keys), *to_argv(cfg, SERVER)]) for i in (1, 2, 3)]
+        wait_for(lambda: ask(watcher, encode(Status())).round >= 2, 120, "round 2")
+        # round 0, relayed as it came (the proxy's round is past it); the proxy's ROUTER
+        # adds a routing frame of 5 bytes in front: pad to the largest message there
+        body = encode(Push(round=0, worker=0, length=welcome.length),
+                      np.zeros(welcome.length, np.float32))
+        cost = sum(len(f) + FRAME_COST for f in [b"12345", b"", *body])
+        padding = (largest_message(welcome.length) - cost) // FRAME_COST
+        thief.send_multipart([b"", *body, *[b""] * padding])
+        for worker in workers:
+            assert processes.wait_exit(worker, 120) == 0, worker.tail()
+    finally:
+        thief.close(0)
+        watcher.close(0)
+    assert processes.wait_exit(server, 60) == 0, server.tail()
+    assert processes.wait_exit(proxy, 60) == 0, proxy.tail()
+    rounds = read_jsonl(tmp_path / "server-0.jsonl")
+    assert [r["round"] for r in rounds] == list(range(cfg.rounds))
+    assert rounds[-1]["barred"] == []
+    proxy_log = read_jsonl(tmp_path / "proxy-0.jsonl")[-1]
+    assert proxy_log["counters"].get("too-large", 0) == 1, proxy_log

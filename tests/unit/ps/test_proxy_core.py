@@ -674,6 +674,26 @@ def test_reply_routes_are_bounded_the_oldest_forgotten_first(
     assert as_bytes(out.frames) == as_bytes(forgotten.frames)
 
 
+@pytest.mark.parametrize("header", [Pull(round=1, worker=1),
+                                    Push(round=0, worker=1, length=LENGTH)])
+def test_a_message_behind_made_up_routing_frames_is_refused_and_leaves_no_route(
+        header: Header) -> None:
+    """A worker's DEALER adds no routing frame: each made-up one would be a new peer, a
+    reply route of its own (one key could push every honest worker's out of the table),
+    and would take the message a frame deeper at the server."""
+    core = make_core(attack(corrupt_params=True, **GAMBLER))
+    for depth in (0, 2, 4):
+        envelope = [b"w1", *[b"made-up-%d" % k for k in range(depth - 1)]][:depth]
+        tensor = grad(1, 0) if isinstance(header, Push) else None
+        out = core.from_worker(incoming(envelope, header, tensor))
+        if depth:
+            assert_refused(out, ErrorCode.MALFORMED, envelope=envelope)
+        else:
+            assert out == []  # nowhere to answer
+    assert not core.tables.puller and not core.tables.held
+    assert core.counters["malformed"] == 3
+
+
 def test_params_for_a_pull_with_an_out_of_range_worker_are_relayed() -> None:
     core = make_core(attack(corrupt_params=True, **BITFLIP))
     core.from_worker(incoming(env(1), Pull(round=1, worker=N)))
@@ -697,6 +717,23 @@ def test_done_after_the_n_acks_of_the_last_round() -> None:
         ack = incoming(env(worker), Ack(round=last, worker=worker))
         assert core.from_server(ack, 0.0) == [Outgoing(False, ack.frames)]
     assert core.done(0.0)
+
+
+def test_one_key_pushing_the_last_round_again_and_again_does_not_end_the_proxy() -> None:
+    """The server ACKs each repeat of a counted push: n ACKs of one worker are one
+    worker's, and the q Byzantine workers' keys alone never start the quiet wait."""
+    from ps.proxy.core import FINAL_QUIET_S
+
+    core = make_core(attack(**GAMBLER))
+    last = CFG.rounds - 1
+    for _ in range(3 * N):
+        core.from_server(incoming(env(1), Ack(round=last, worker=1)), 0.0)
+    assert not core.done(0.0)
+    assert not core.done(1e9)  # q = 1: one worker's ACKs are not the n - q of a deadline
+    for worker in (0, 2):
+        core.from_server(incoming(env(worker), Ack(round=last, worker=worker)), 5.0)
+    assert not core.done(5.0 + FINAL_QUIET_S - 0.01)
+    assert core.done(5.0 + FINAL_QUIET_S)  # n - q = 3 workers, and quiet
 
 
 def test_done_when_the_last_rounds_replies_stop_short_of_n() -> None:
