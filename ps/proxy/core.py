@@ -79,6 +79,10 @@ UNREAD_REPLIES = "unread-replies"  # large replies dropped: the worker left earl
 # the others' when fewer than n come (a round deadline closed the last round without
 # some workers; it closes with n - q pushes at least, the least quorum a server takes).
 FINAL_QUIET_S = 2.0
+# After an ACK of the last round, how long the proxy waits with no reply of any round going
+# back before it leaves with fewer: a proxy restarted during the last round sees only the
+# ACKs after it (an honest run replies every round; a stalled one has ended its rounds).
+LAST_ROUND_STALL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class ProxyCore:
         # it pushed again (the server ACKs each repeat)
         self.final_acked: set[int] = set()
         self.last_round_replied: float | None = None  # when a reply of the last round came
+        self.last_reply = 0.0  # when a reply of any round went back
         self.first = slices.shards[0]  # the server process's name (its first shard)
         self.peers = PeerPolicy(self.counters, log, on_bar)
         self.answers: Answering[Outgoing] = Answering(
@@ -146,16 +151,20 @@ class ProxyCore:
             Error: self._on_error, Ack: self._on_ack, Params: self._on_params}
 
     def done(self, now: float) -> bool:
-        """The replies of the last round went back: the ACKs of all n workers, or (a round
+        """The replies of the last round went back: the ACKs of all n workers; or (a round
         deadline: absent workers push nothing) of n - q of them and none more for
-        ``FINAL_QUIET_S``. The q Byzantine workers' keys alone can never end it, however
-        early or often they push the last round."""
+        ``FINAL_QUIET_S``; or some, and no reply of any round for ``LAST_ROUND_STALL_S``
+        (restarted during the last round, it missed the earlier ACKs). While the rounds
+        go on, the q Byzantine workers' keys cannot end it, however early or often they
+        push the last round."""
         acked = len(self.final_acked)
         if acked >= self.cfg.num_workers:
             return True
-        return (acked >= self.cfg.num_workers - validated_q(self.cfg)
-                and self.last_round_replied is not None
-                and now - self.last_round_replied >= FINAL_QUIET_S)
+        if self.last_round_replied is None:
+            return False
+        if acked >= self.cfg.num_workers - validated_q(self.cfg):
+            return now - self.last_round_replied >= FINAL_QUIET_S
+        return now - self.last_reply >= LAST_ROUND_STALL_S
 
     # -- worker -> server --------------------------------------------------------
 
@@ -262,12 +271,14 @@ class ProxyCore:
         """What a server's reply becomes on its way back (PARAMS maybe corrupted)."""
         if not incoming.envelope:
             return []  # a late reply to the proxy's own HELLO
+        now = time.monotonic() if now is None else now
+        self.last_reply = now
         msg = incoming.message
         if msg is None:
             return [Outgoing(False, incoming.frames)]
         handler = self._from_server.get(type(msg.header))
         if handler is not None:
-            return handler(incoming, msg, time.monotonic() if now is None else now)
+            return handler(incoming, msg, now)
         return [Outgoing(False, incoming.frames)]
 
     def _on_error(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:

@@ -729,11 +729,30 @@ def test_one_key_pushing_the_last_round_again_and_again_does_not_end_the_proxy()
     for _ in range(3 * N):
         core.from_server(incoming(env(1), Ack(round=last, worker=1)), 0.0)
     assert not core.done(0.0)
-    assert not core.done(1e9)  # q = 1: one worker's ACKs are not the n - q of a deadline
+    # q = 1: one worker's ACKs are not the n - q of a deadline
+    assert not core.done(FINAL_QUIET_S * 10)
     for worker in (0, 2):
         core.from_server(incoming(env(worker), Ack(round=last, worker=worker)), 5.0)
     assert not core.done(5.0 + FINAL_QUIET_S - 0.01)
     assert core.done(5.0 + FINAL_QUIET_S)  # n - q = 3 workers, and quiet
+
+
+def test_one_early_ack_of_the_last_round_does_not_end_the_proxy_while_rounds_go_on() -> None:
+    """A Byzantine worker pushes the last round while the one before is open (the server
+    takes the next round's pushes); the others' replies keep coming, however long they
+    compute between them. Only when no reply of any round came for LAST_ROUND_STALL_S
+    (a proxy restarted during the last round misses the ACKs before it) does it leave."""
+    from ps.proxy.core import LAST_ROUND_STALL_S
+
+    core = make_core(attack(**GAMBLER))
+    last = CFG.rounds - 1
+    core.from_server(incoming(env(1), Ack(round=last, worker=1)), 0.0)
+    t = 0.0
+    for worker in (0, 2, 3):  # PARAMS of the last round, each after a long gradient
+        t += LAST_ROUND_STALL_S - 1
+        core.from_server(params_reply(env(worker), last), t)
+        assert not core.done(t + LAST_ROUND_STALL_S - 0.01)
+    assert core.done(t + LAST_ROUND_STALL_S)
 
 
 def test_done_when_the_last_rounds_replies_stop_short_of_n() -> None:
