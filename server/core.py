@@ -8,7 +8,7 @@ decides:
 * the hosted shards' states and their round step together (``ShardGroup``: one PUSH
   carries a worker's slices of every hosted shard), and the round deadline
   (``server/deadline.py``: by default adaptive, a fixed ``--round-timeout``, or none): a
-  round closes that long after its first push with the pushes that are in, if at least
+  round closes that long after its (q + 1)-th push with the pushes that are in, if at least
   the quorum K (else it waits for the K-th and logs why once);
   a push that comes after its round closed is answered ``stale-round``;
 * who is absent: a worker a round closed without (dead, barred, or a straggler) is
@@ -153,9 +153,12 @@ class ServerCore:
         # round reached them: the adaptive deadline's measure (server/deadline.py)
         self.honest_rows = max(1, cfg.num_workers - (cfg.q or 0))  # q: set by validate()
         self.honest_at: float | None = None
+        # the push that starts a round's clock (its deadline and the span): the (q + 1)-th,
+        # which the q Byzantine workers cannot send alone, early, to set the deadline
+        self.clock_rows = min(self.honest_rows, (cfg.q or 0) + 1)
         self.arrived: set[int] = set()  # workers that said HELLO, and when the last first did
         self.last_arrival = float("-inf")
-        self.round_opened: float | None = None  # when the current round's first push came
+        self.round_opened: float | None = None  # when the current round's clock started
         self.waiting_logged = -1  # the round whose wait past its deadline was logged
         self.absent = np.zeros(cfg.num_workers, dtype=bool)
         self.peers = PeerPolicy(self.counters, log, on_bar)
@@ -272,7 +275,7 @@ class ServerCore:
 
     def _awaits_evaluator(self, now: float) -> bool:
         """Round 0 stays open until an awaited evaluator (``--await-evaluator``) has
-        said HELLO, at most ``--linger`` seconds after its first push: the evaluator reads
+        said HELLO, at most ``--linger`` seconds after its (q + 1)-th push: the evaluator reads
         the run's starting point, however late it starts on a loaded host (the servers
         keep only a few past rounds). A run resumed past round 0 and one without an
         evaluator never wait."""
@@ -445,7 +448,7 @@ class ServerCore:
         if push.pull_next and (peer, push.round + 1) not in self.parked:
             self._check_parking_space(peer)  # before storing: a refused push leaves nothing
         self.state.push(push.round, push.worker, message)
-        if self.round_opened is None:
+        if self.round_opened is None and self.state.pushes >= self.clock_rows:
             self.round_opened = now
         if self.honest_at is None and self.state.pushes >= self.honest_rows:
             self.honest_at = now

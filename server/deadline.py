@@ -6,14 +6,21 @@
   worker that stops answering (a Byzantine one may) costs one deadline instead of the
   run: ``AUTO_FACTOR`` times the median *honest span* of the last ``AUTO_HISTORY``
   rounds, at least ``AUTO_FLOOR_S`` and at most ``AUTO_MAX_S``. A round's honest span
-  runs from its first push to its (n - q)-th: the q Byzantine workers the run
-  tolerates cannot stretch it by pushing late (a span to the last push would let one
-  worker that pushes just before each deadline grow it tenfold a round). Until a round
-  has reached n - q pushes the wait is ``AUTO_FIRST_S``, counted from the round's first
-  push or the latest first HELLO of a worker, whichever is later: workers still
-  starting (seconds apart on a loaded host, minutes where a node pulls an image) keep
-  the first round open;
-* SECONDS: a fixed deadline, counted from the round's first push;
+  runs from its (q + 1)-th push to its (n - q)-th: the q Byzantine workers the run
+  tolerates can stretch it neither by pushing late (a span to the last push would let
+  one worker that pushes just before each deadline grow it tenfold a round) nor by
+  pushing early (from the first push, one that pushes each round the moment it opens
+  would make the span the honest workers' whole computing time, and the deadline ten
+  times that). Until a round has reached n - q pushes the wait is ``AUTO_FIRST_S``,
+  counted from the round's (q + 1)-th push or the latest first HELLO of a worker,
+  whichever is later: workers still starting (seconds apart on a loaded host, minutes
+  where a node pulls an image) keep the first round open;
+* SECONDS: a fixed deadline, counted from the round's (q + 1)-th push (from the first,
+  an early Byzantine push would choose which honest pushes come too late);
+
+Every deadline is counted from a round's (q + 1)-th push, the first that the q
+Byzantine workers cannot send alone; a round needs its quorum, at least n - q > q
+pushes, to close anyway.
 * ``none``: every round waits for all n pushes, the paper's strictly synchronous SGD
   (Xie et al. 2018, Algorithm 1).
 
@@ -75,8 +82,8 @@ class RoundDeadline:
         return self.fixed_s is None and not self.spans
 
     def seconds(self) -> float:
-        """The wait allowed now (from the round's first push; while ``learning``, from
-        the later of that and the latest first HELLO of a worker)."""
+        """The wait allowed now (from the round's (q + 1)-th push; while ``learning``,
+        from the later of that and the latest first HELLO of a worker)."""
         if self.fixed_s is not None:
             return self.fixed_s
         if not self.spans:
@@ -84,5 +91,5 @@ class RoundDeadline:
         return min(AUTO_MAX_S, max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(self.spans)))
 
     def observe(self, honest_span_s: float) -> None:
-        """A round reached its (n - q)-th push ``honest_span_s`` after its first."""
+        """A round reached its (n - q)-th push ``honest_span_s`` after its (q + 1)-th."""
         self.spans.append(max(0.0, honest_span_s))

@@ -69,12 +69,13 @@ class ServerOptions:
     resume: bool = setting(False, "Continue from the checkpoint in --out-dir, if any (workers "
                            "re-push what the restarted server lost).", roles=(SERVER,))
     round_timeout: str = setting(
-        AUTO, "How long a round waits for missing pushes after its first one, then closes "
+        AUTO, "How long a round waits for missing pushes after its (q+1)-th push (the first "
+        "the q Byzantine workers cannot send alone), then closes "
         "with those in if at least --quorum: auto (the default: 10 times the median of "
-        "recent rounds (first push to the (n-q)-th), at least 5 s, at most 600 s; 30 s "
-        "after the first push or a worker's first HELLO until a round reached n - q; a "
+        "recent rounds ((q+1)-th push to the (n-q)-th), at least 5 s, at most 600 s; 30 s "
+        "after the (q+1)-th push or a worker's first HELLO until a round reached n - q; a "
         "healthy run does not "
-        "reaches it, a worker that stops answering costs one deadline), SECONDS, or none "
+        "reach it, a worker that stops answering costs one deadline), SECONDS, or none "
         "(wait for all n, the paper's strictly synchronous SGD).",
         flag="--round-timeout", roles=(SERVER, CLUSTER))
     quorum: int | None = setting(

@@ -75,11 +75,56 @@ def test_q_workers_pushing_late_cannot_grow_the_deadline() -> None:
     assert core.round_deadline.seconds() == AUTO_FLOOR_S  # 10 x 0.04 s: the floor
 
 
+def test_q_workers_pushing_early_cannot_grow_the_deadline_or_start_its_clock() -> None:
+    """Two Byzantine workers (q = 2) push each round the moment it opens; the honest five
+    come 30 s later (their gradients), 0.01 s apart. Counted from the first push, each
+    span was 30 s and the deadline grew to 300 s (a silent worker then cost 5 minutes a
+    round, past the honest workers' request timeouts); counted from the (q + 1)-th, it
+    stays at the floor, and a round one honest worker misses closes a floor after the
+    third push."""
+    core = make_core(cfg=CFG7)  # n=7, q=2
+    now = 0.0
+    for round_ in range(AUTO_HISTORY + 2):
+        opened = now
+        for w in (5, 6):
+            push(core, w, now=opened)
+        assert core.deadline() is None  # the q early pushes start no clock
+        for w in range(5):
+            now = opened + 30.0 + 0.01 * w
+            push(core, w, now=now)
+        assert core.state.round == round_ + 1
+    assert core.round_deadline.seconds() == AUTO_FLOOR_S  # 10 x 0.02 s: the floor
+    opened = now
+    for w in (5, 6):
+        push(core, w, now=opened)
+    for w in range(4):  # worker 4 has stopped
+        push(core, w, now=opened + 30.0 + 0.01 * w)
+    assert core.deadline() == pytest.approx(opened + 30.0 + AUTO_FLOOR_S)
+    core.tick(opened + 30.0 + AUTO_FLOOR_S)
+    assert core.state.round == AUTO_HISTORY + 3 and bool(core.absent[4])
+
+
+def test_a_fixed_deadline_counts_from_the_push_q_workers_cannot_send_alone() -> None:
+    """--round-timeout 2 with q = 2: two early pushes start no clock, so the honest
+    workers, 3 s behind them, are all aggregated (counted from the first push, the round
+    closed at the quorum's push and the Byzantine workers chose whose push came late)."""
+    core = make_core(cfg=CFG7, round_timeout="2.0")
+    for w in (5, 6):
+        push(core, w, now=0.0)
+    for w in range(5):
+        core.tick(3.0 + 0.05 * w)
+        reply = only(push(core, w, round_=0, now=3.0 + 0.05 * w))
+        assert reply.header == Ack(round=0, worker=w)  # none of them stale-round
+    assert core.state.round == 1 and not core.absent.any()
+
+
 def test_the_first_round_waits_for_workers_still_starting() -> None:
     """Until a round told how long one takes, a worker's first HELLO restarts the wait:
     workers seconds or minutes apart at the start are all in round 0."""
-    core = make_core(cfg=CFG5)
+    core = make_core(cfg=CFG5)  # q = 1: a round's clock starts at its second push
     push(core, 0, now=0.0)  # (says HELLO at 0)
+    assert core.deadline() is None
+    push(core, 4, now=0.0)
     assert core.deadline() == pytest.approx(AUTO_FIRST_S)
     hello(core, role="worker", worker=1, peer=b"worker-1")
     core.tick(AUTO_FIRST_S - 1)
@@ -87,7 +132,7 @@ def test_the_first_round_waits_for_workers_still_starting() -> None:
     assert core.deadline() == pytest.approx(2 * AUTO_FIRST_S - 1)
     core.tick(2 * AUTO_FIRST_S - 2)
     assert core.state.round == 0
-    for w in range(1, 5):
+    for w in range(1, 4):
         push(core, w, now=2 * AUTO_FIRST_S - 1.5)
     assert core.state.round == 1 and not core.absent.any()
 
@@ -118,10 +163,11 @@ def test_a_silent_worker_costs_one_default_deadline_then_rounds_run_at_full_rate
     for w in range(6):
         now += 0.01
         push(core, w, now=now)
-    assert core.deadline() == pytest.approx(first + 0.01 + AUTO_FLOOR_S)
-    core.tick(first + AUTO_FLOOR_S - 0.01)
+    # q = 2: the clock started at the third push
+    assert core.deadline() == pytest.approx(first + 0.03 + AUTO_FLOOR_S)
+    core.tick(first + 0.02 + AUTO_FLOOR_S)
     assert core.state.round == 5  # a healthy straggler has the floor's seconds
-    core.tick(first + 0.01 + AUTO_FLOOR_S)
+    core.tick(first + 0.03 + AUTO_FLOOR_S)
     assert core.state.round == 6 and bool(core.absent[6])
     # from now on a round closes once the six present workers are in: no deadline paid
     now = first + AUTO_FLOOR_S + 1.0

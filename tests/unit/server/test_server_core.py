@@ -1128,9 +1128,11 @@ def test_a_round_closes_at_its_deadline_with_the_quorum_it_has(tmp_path) -> None
         ack = only(push(core, w, now=10.0 + w * 0.1))
         assert ack.header == Ack(round=0, worker=w)
     assert core.state.round == 0
-    assert core.deadline() == pytest.approx(12.0)  # counted from the round's first push
-    assert core.tick(11.9) == []
-    assert core.tick(12.0) == []  # (replies only to parked PULLs; none here)
+    # counted from the round's (q + 1)-th push (q = 1: the second, at 10.1)
+    assert core.deadline() == pytest.approx(12.1)
+    assert core.tick(12.05) == []
+    assert core.state.round == 0
+    assert core.tick(12.1) == []  # (replies only to parked PULLs; none here)
     assert core.state.round == 1
     expected = SHARD - 0.5 * np.median(np.stack([grad(w) for w in range(4)]), axis=0)
     np.testing.assert_allclose(core.state.states[0].params, expected, rtol=1e-6)
