@@ -17,12 +17,13 @@
   where a node pulls an image) keep the first round open;
 * SECONDS: a fixed deadline, counted from the round's (q + 1)-th push (from the first,
   an early Byzantine push would choose which honest pushes come too late);
-
-Every deadline is counted from a round's (q + 1)-th push, the first that the q
-Byzantine workers cannot send alone; a round needs its quorum, at least n - q > q
-pushes, to close anyway.
 * ``none``: every round waits for all n pushes, the paper's strictly synchronous SGD
   (Xie et al. 2018, Algorithm 1).
+
+Every deadline is counted from a round's (q + 1)-th push, the first that the q
+Byzantine workers cannot send alone (or its (n - q)-th, if that comes first: a rule
+that takes q >= n - q); a round needs its quorum, at least n - q pushes, to close
+anyway.
 
 A round that closes at its deadline aggregates the pushes that are in if they reach the
 quorum; the workers it aggregated are recorded (``server-<s>.jsonl``) so the reference
@@ -46,7 +47,7 @@ AUTO_HISTORY = 16
 
 
 class RoundDeadline:
-    """How long a round may wait for its missing pushes after its first one:
+    """How long a round may wait for its missing pushes after its (q + 1)-th:
     ``fixed_s`` seconds, or (None) adaptively from the spans :meth:`observe` is given."""
 
     def __init__(self, fixed_s: float | None = None) -> None:

@@ -68,7 +68,9 @@ def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
     if not shown.isprintable():
         shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
                         for c in shown)
-    return shown if len(value) <= limit else f"{shown}... ({len(value):,} characters)"
+    if len(value) <= limit and len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(value):,} characters)"
 
 
 # repr() of a value a peer sent: a list nested a thousand deep (a HELLO of 1 KB) would

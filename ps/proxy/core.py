@@ -12,7 +12,7 @@ message and return what to send on, to the server or back to a worker. The core 
 * which worker each reply goes to (a PULL or ``pull_next`` push names it), so PARAMS
   are corrupted per worker deterministically;
 * the per-round tallies written as metrics, and when the proxy may exit (the last
-  round's ACKs went back to n distinct workers, or to n - q and no more came).
+  round's ACKs went back to n distinct workers, or the server left in its last round).
 
 The proxy checks what a worker sends exactly as the server would (``common.net.pushes``)
 before it corrupts or holds anything, and answers what the server would refuse
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.learn.rules.defence import validated_q
 from common.net.budgets import PeerPolicy, principal_of
 from common.net.keys import Identity
 from common.net.protocol import (
@@ -75,14 +74,11 @@ log = logging.getLogger("ps.proxy")
 # Reply routes remembered (which worker a PARAMS reply goes to); the oldest go first.
 MAX_ROUTES = 4096
 UNREAD_REPLIES = "unread-replies"  # large replies dropped: the worker left earlier ones
-# After the ACK of the last round to the (n - q)-th worker, how long the proxy waits for
-# the others' when fewer than n come (a round deadline closed the last round without
-# some workers; it closes with n - q pushes at least, the least quorum a server takes).
-FINAL_QUIET_S = 2.0
-# After an ACK of the last round, how long the proxy waits with no reply of any round going
-# back before it leaves with fewer: a proxy restarted during the last round sees only the
-# ACKs after it (an honest run replies every round; a stalled one has ended its rounds).
-LAST_ROUND_STALL_S = 30.0
+# In the last round, how long the server's connection may stay down before the proxy
+# leaves: the server finished the run and exited (a round deadline closed the last round
+# without some workers, whose ACKs never come), or it is not coming back; a server
+# killed and restarted reconnects sooner.
+SERVER_GONE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -136,8 +132,7 @@ class ProxyCore:
         # the workers whose push of the last round was ACKed: each once, however often
         # it pushed again (the server ACKs each repeat)
         self.final_acked: set[int] = set()
-        self.last_round_replied: float | None = None  # when a reply of the last round came
-        self.last_reply = 0.0  # when a reply of any round went back
+        self.server_gone: float | None = None  # since when its connection is down (node's)
         self.first = slices.shards[0]  # the server process's name (its first shard)
         self.peers = PeerPolicy(self.counters, log, on_bar)
         self.answers: Answering[Outgoing] = Answering(
@@ -151,20 +146,21 @@ class ProxyCore:
             Error: self._on_error, Ack: self._on_ack, Params: self._on_params}
 
     def done(self, now: float) -> bool:
-        """The replies of the last round went back: the ACKs of all n workers; or (a round
-        deadline: absent workers push nothing) of n - q of them and none more for
-        ``FINAL_QUIET_S``; or some, and no reply of any round for ``LAST_ROUND_STALL_S``
-        (restarted during the last round, it missed the earlier ACKs). While the rounds
-        go on, the q Byzantine workers' keys cannot end it, however early or often they
-        push the last round."""
-        acked = len(self.final_acked)
-        if acked >= self.cfg.num_workers:
+        """The run is over for this proxy: the last round's ACKs went back to all n
+        workers, or the server, in its last round, has been gone for ``SERVER_GONE_S``
+        (it exits once it finished). Workers' messages alone never end it: the ACKs are
+        counted once per worker, however often one pushes the last round again."""
+        if len(self.final_acked) >= self.cfg.num_workers:
             return True
-        if self.last_round_replied is None:
-            return False
-        if acked >= self.cfg.num_workers - validated_q(self.cfg):
-            return now - self.last_round_replied >= FINAL_QUIET_S
-        return now - self.last_reply >= LAST_ROUND_STALL_S
+        return (self.round >= self.cfg.rounds - 1 and self.server_gone is not None
+                and now - self.server_gone >= SERVER_GONE_S)
+
+    def server_link(self, up: bool, now: float) -> None:
+        """The node saw the connection to the server come up or go down."""
+        if up:
+            self.server_gone = None
+        elif self.server_gone is None:
+            self.server_gone = now
 
     # -- worker -> server --------------------------------------------------------
 
@@ -271,14 +267,12 @@ class ProxyCore:
         """What a server's reply becomes on its way back (PARAMS maybe corrupted)."""
         if not incoming.envelope:
             return []  # a late reply to the proxy's own HELLO
-        now = time.monotonic() if now is None else now
-        self.last_reply = now
         msg = incoming.message
         if msg is None:
             return [Outgoing(False, incoming.frames)]
         handler = self._from_server.get(type(msg.header))
         if handler is not None:
-            return handler(incoming, msg, now)
+            return handler(incoming, msg, time.monotonic() if now is None else now)
         return [Outgoing(False, incoming.frames)]
 
     def _on_error(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
@@ -292,15 +286,12 @@ class ProxyCore:
         self._follow(ack.round)
         if ack.round == self.cfg.rounds - 1:
             self.final_acked.add(ack.worker)
-            self.last_round_replied = now
         return [Outgoing(False, incoming.frames)]
 
     def _on_params(self, incoming: Incoming, msg: Message, now: float) -> list[Outgoing]:
         """Relayed, corrupted for its worker with ``corrupt_params``."""
         header = header_as(msg, Params)
         self._follow(header.round)
-        if header.round == self.cfg.rounds:
-            self.last_round_replied = now
         if not self.attack.corrupt_params or header.bare:
             return [Outgoing(False, incoming.frames)]
         worker = self.tables.puller.get(incoming.peer, -1)

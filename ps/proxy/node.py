@@ -11,6 +11,7 @@ import logging
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common.errors import ClusterTimeout, ConfigError
 from common.net.keys import KeyRing
@@ -124,13 +125,19 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                  attack.proxy_attack)
         write_ready_file(process.ready_file, front.endpoint)
         freeze_startup_objects()
+        # whether the server is there: once it finished its last round it exits
+        link = back.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.Poller()
         poller.register(front.sock, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
+        poller.register(link, zmq.POLLIN)
         try:
             while not core.done(time.monotonic()):
                 check_stop()
                 events = dict(poller.poll(POLL_MS))
+                while link.poll(0):
+                    event = recv_monitor_message(link)["event"]
+                    core.server_link(event == zmq.EVENT_CONNECTED, time.monotonic())
                 outgoing = []
                 if front.sock in events:
                     outgoing += core.from_worker(front.receive(), time.monotonic())
@@ -148,8 +155,12 @@ def relay(cfg: RunConfig, attack: AttackConfig, options: ProxyOptions,
                         ledger.send(front.sock, envelope, body, large)
                     else:
                         send_frames(front.sock, o.frames)
-            log.info("the last round's replies went back; exiting")
+            log.info("the run is over for this proxy (%s); exiting",
+                     "the last round's ACKs went back" if core.server_gone is None
+                     else "its server left in the last round")
         finally:
+            back.disable_monitor()
+            link.close(linger=0)
             metrics.close()
     finally:
         if front is not None:
