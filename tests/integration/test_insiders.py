@@ -276,13 +276,25 @@ def _rss_mb(pid: int) -> float:
 
 
 def _cnn_server(processes, tmp_path: Path, cfg: RunConfig, keys: Path):
-    """A keyed server of ``cfg`` (one shard) whose rounds close with 3 of its 4 workers."""
+    """A keyed server of ``cfg`` (one shard; the CNN's, or any) whose rounds close with 3
+    of its 4 workers."""
     ready = tmp_path / "server.endpoint"
     server = processes.start("server-0", "server.cli", [
         "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
         "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
         "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
     return server, processes.endpoint(ready, server)
+
+
+def _plain_proxy(processes, tmp_path: Path, cfg: RunConfig, keys: Path, endpoint: str):
+    """proxy-0 in front of ``endpoint``, corrupting nothing (a gambler of p = 0), and the
+    endpoint where the workers reach it."""
+    ready = tmp_path / "proxy.endpoint"
+    proxy = processes.start("proxy-0", "ps.proxy.cli", [
+        "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
+        "--proxy-attack", "gambler", "--gambler-p", "0.0", "--out-dir", str(tmp_path),
+        "--ready-file", str(ready), "--keys", str(keys), *to_argv(cfg, SERVER)])
+    return proxy, processes.endpoint(ready, proxy)
 
 
 def _silent(ctx: zmq.Context, endpoint: str, curve, hello: list, count: int = 3) -> list:
@@ -358,12 +370,7 @@ def test_replies_a_key_never_reads_at_a_proxy_are_bounded_by_bytes(processes, tm
     keys = tmp_path / "keys"
     create_keys(keys, 1, cfg.num_workers, proxies=(0,))
     _, endpoint = _cnn_server(processes, tmp_path, cfg, keys)
-    proxy_ready = tmp_path / "proxy.endpoint"
-    proxy = processes.start("proxy-0", "ps.proxy.cli", [
-        "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
-        "--proxy-attack", "gambler", "--gambler-p", "0.0", "--out-dir", str(tmp_path),
-        "--ready-file", str(proxy_ready), "--keys", str(keys), *to_argv(cfg, SERVER)])
-    front = processes.endpoint(proxy_ready, proxy)
+    proxy, front = _plain_proxy(processes, tmp_path, cfg, keys, endpoint)
     workers = [processes.start(f"worker-{i}", "worker.cli", [
         "--servers", front, "--via-proxy", "0", "--worker-id", str(i), "--timeout", "30",
         "--keys", str(keys), *to_argv(cfg, SERVER)]) for i in (1, 2, 3)]
@@ -402,18 +409,8 @@ def test_a_worker_padding_a_relayed_push_cannot_get_the_proxys_key_barred(proces
                     seed=3).validate()
     keys = tmp_path / "keys"
     create_keys(keys, 1, cfg.num_workers, proxies=(0,))
-    ready = tmp_path / "server.endpoint"
-    server = processes.start("server-0", "server.cli", [
-        "--shard", "0", "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready),
-        "--out-dir", str(tmp_path), "--linger", "0", "--keys", str(keys),
-        "--round-timeout", "1", "--quorum", "3", *to_argv(cfg, SERVER)])
-    endpoint = processes.endpoint(ready, server)
-    proxy_ready = tmp_path / "proxy.endpoint"
-    proxy = processes.start("proxy-0", "ps.proxy.cli", [
-        "--bind", "tcp://127.0.0.1:*", "--server", endpoint, "--shard", "0",
-        "--proxy-attack", "gambler", "--gambler-p", "0.0", "--out-dir", str(tmp_path),
-        "--ready-file", str(proxy_ready), "--keys", str(keys), *to_argv(cfg, SERVER)])
-    front = processes.endpoint(proxy_ready, proxy)
+    server, endpoint = _cnn_server(processes, tmp_path, cfg, keys)
+    proxy, front = _plain_proxy(processes, tmp_path, cfg, keys, endpoint)
     ring = KeyRing(keys)
     ctx = zmq.Context.instance()
     thief = connect_dealer(ctx, front, 0, ring.client_curve("worker-0", 0, via_proxy=True))
