@@ -160,7 +160,8 @@ class ClusterClient:
     ``servers`` as ``ClientCore`` takes them (each link's key is its process's,
     ``server-<first shard>``, or for those in ``via_proxy`` the key of the ps-proxy in
     front of it, ``proxy-<first shard>``; a worker tags what it says end to end for the
-    server either way)."""
+    server either way). ``d``: the model's size, where known: each link takes no reply
+    larger than its shards' values, and a WELCOME of another size is a ``ConfigError``."""
 
     def __init__(
         self,
@@ -177,6 +178,8 @@ class ClusterClient:
     ) -> None:
         self.core = ClientCore(cfg, role, worker, servers, policy, replay_rounds, vectors,
                                relay_keys(keys, role, worker, via_proxy))
+        self.role = role
+        self.expected_d = d
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         name = f"worker-{worker}" if role == "worker" else role
         self.links = [Link(self.ctx, link.endpoint,
@@ -202,6 +205,9 @@ class ClusterClient:
         welcomes = self._exchange(self.core.hello)
         if not isinstance(welcomes, list):
             raise TypeError(f"a HELLO exchange ended with {type(welcomes).__name__}")
+        if self.expected_d is not None and self.core.d != self.expected_d:
+            raise ConfigError(f"servers hold d={self.core.d} parameters, this "
+                              f"{self.role}'s model has {self.expected_d}")
         return welcomes
 
     def pull(self, round_: int) -> np.ndarray:

@@ -354,11 +354,9 @@ class ClientCore:
         return self._begin(steps, _Exchange(Exchange.FILL, at.round, params, at.missed,
                                             filling=at, by_push=kept is not None), now)
 
-    def _skip_ahead(self, server: int, error: Error, target: int, missed: bool,
-                    now: float) -> list[Send]:
-        """A pull of round ``target`` refused as stale: catch up where that server is."""
-        if error.round <= target:
-            raise ServerRefused(self.links[server].endpoint, error)
+    def _skip_ahead(self, server: int, error: Error, missed: bool, now: float) -> list[Send]:
+        """A pull refused as stale (``error.round`` past it, checked): catch up where that
+        server is."""
         return self._abandon_but(server) + self.catch_up(error.round, now, missed)
 
     def push(self, round_: int, gradient: np.ndarray, now: float,
@@ -407,7 +405,8 @@ class ClientCore:
                                             self.cfg.wire_dtype))
 
     def _caught_up(self, server: int, error: Error, now: float) -> list[Send]:
-        """A push refused as stale (its round closed without this worker): catch up."""
+        """A push refused as stale (its round closed without this worker; ``error.round``
+        past it, checked): catch up."""
         abandoned = self._abandon_but(server)
         if error.round >= self.cfg.rounds:  # the last round closed without it
             self.pending.clear()
@@ -528,7 +527,7 @@ class ClientCore:
             return self._on_answer(server, reply, now)
         code = error.code
         behind = (step.push_round is not None and code == ErrorCode.WRONG_ROUND.value
-                  and error.round < step.push_round)
+                  and 0 <= error.round < step.push_round)
         if (code == ErrorCode.HELLO_FIRST.value or behind) and step.resends < MAX_RESENDS:
             step.resends += 1
             if step.push_round is not None and behind:
@@ -625,12 +624,18 @@ class ClientCore:
         """What a ``stale-round`` refusal does in the exchange, by its kind (None: it is
         refused like any other ERROR)."""
         ex = self.exchange
-        if ex.kind is Exchange.CATCH_UP or (ex.kind is Exchange.FILL and not ex.by_push):
+        pulled = ex.kind is Exchange.CATCH_UP or (ex.kind is Exchange.FILL and not ex.by_push)
+        if not pulled and ex.kind not in (Exchange.PUSH, Exchange.FILL):
+            return None
+        asked = ex.round if pulled else ex.round - 1  # the round pulled, or pushed
+        if not asked < error.round <= self.cfg.rounds:  # no honest server says so
+            return self._bad_reply(server, ErrorCode.STALE_ROUND.value, PeerError(
+                f"{self.links[server].endpoint} says round {asked} is stale at round "
+                f"{error.round}, not one of {asked + 1}..{self.cfg.rounds}"), now)
+        if pulled:
             missed = ex.missed if ex.kind is Exchange.CATCH_UP else True
-            return self._skip_ahead(server, error, ex.round, missed, now)
-        if ex.kind in (Exchange.PUSH, Exchange.FILL):  # its push came after its round
-            return self._caught_up(server, error, now)
-        return None
+            return self._skip_ahead(server, error, missed, now)
+        return self._caught_up(server, error, now)  # its push came after its round
 
     def _new_connection(self, server: int) -> Send:
         """A new connection to the server (the old one closed) that says HELLO first."""
@@ -690,6 +695,11 @@ class ClientCore:
         if len(welcomes) != len(self.links):
             raise PeerError("a HELLO was answered by something other than a WELCOME")
         for link, w in zip(self.links, welcomes, strict=True):
+            if w.d < self.cfg.num_shards or not 0 <= w.round <= self.cfg.rounds:
+                raise PeerError(f"{link.endpoint} says it holds d={w.d} values at round "
+                                f"{w.round}: no server of {self.cfg.num_shards} shards "
+                                f"and {self.cfg.rounds} rounds does")
+        for link, w in zip(self.links, welcomes, strict=True):
             if tuple(w.shards) != link.shards or w.num_shards != self.cfg.num_shards:
                 raise ConfigError(
                     f"endpoint {link.endpoint} serves shards "
@@ -736,6 +746,11 @@ class ClientCore:
             raise PeerError(f"expected {expect.__name__ if expect else 'any'}, got "
                             f"{type(msg.header).__name__}")
         h = msg.header
+        if isinstance(h, Ack) and step.push_round is not None and (
+                h.round, h.worker) != (step.push_round, self.worker):
+            raise PeerError(f"{self.links[server].endpoint} acknowledged round {h.round} of "
+                            f"worker {h.worker}, not round {step.push_round} of worker "
+                            f"{self.worker}")
         if not isinstance(h, Params) or step.into is None:  # a replay: its header will do
             return h
         link = self.links[server]

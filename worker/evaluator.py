@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import PeerError
 from common.learn.data import Dataset, run_dataset
 from common.learn.data.validation import check_split
 from common.learn.models import build_model, load_flat_parameters
@@ -103,6 +104,9 @@ def run_evaluator(cfg: RunConfig, options: ClientOptions, evaluation: EvalOption
             except ServerRefused as exc:
                 if exc.code != ErrorCode.STALE_ROUND.value:
                     raise
+                if not t < exc.round <= cfg.rounds:  # no honest server says so
+                    raise PeerError(f"a server says round {t} is stale at round "
+                                    f"{exc.round}, not one of {t + 1}..{cfg.rounds}") from exc
                 t = _next_round(exc.round, every, cfg.rounds)  # fell behind: catch up
                 log.warning("round no longer available; skipping to round %d", t)
                 continue

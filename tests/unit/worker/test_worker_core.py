@@ -7,6 +7,8 @@ sends is decoded back. Two shards: shard 0 holds x[0:5], shard 1 x[5:10].
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -421,11 +423,13 @@ def test_pull_owed_refused_as_stale_catches_up_where_the_server_is() -> None:
     np.testing.assert_array_equal(outcome.params, x_of(5))
 
 
-def test_pull_owed_refused_as_stale_at_its_own_round_is_a_refusal() -> None:
+def test_pull_owed_refused_as_stale_at_its_own_round_is_a_bad_reply() -> None:
+    """No honest server says a round is stale at that very round: counted, retried."""
     core = make_core()
     core.pull_owed(owing(3, (0, 1)), 1.0)
-    with pytest.raises(ServerRefused, match="stale-round"):
+    with pytest.raises(PeerError, match=r"says round 3 is stale at round 3, not one of 4\.\.6"):
         until_given_up(core, 0, error(ErrorCode.STALE_ROUND, 3), 1.5)
+    assert core.bad_replies == {"stale-round": RETRIES + 1}
 
 
 # --------------------------------------------------------------------------- timeouts
@@ -653,11 +657,48 @@ def test_catching_up_moves_on_past_rounds_no_longer_served() -> None:
     assert core.outcome.round == 3 and not core.outcome.missed  # type: ignore[attr-defined]
 
 
-def test_catching_up_refused_at_an_older_round_is_a_refusal() -> None:
+def test_catching_up_refused_at_an_older_round_is_a_bad_reply() -> None:
     core = make_core()
     core.catch_up(3, 0.0)
-    with pytest.raises(ServerRefused, match="stale-round"):
+    with pytest.raises(PeerError, match="says round 3 is stale at round 3"):
         until_given_up(core, 0, error(ErrorCode.STALE_ROUND, 3), 1.0)
+    assert core.bad_replies == {"stale-round": RETRIES + 1}
+
+
+@pytest.mark.parametrize("stale_at", [-1, 2, 3, CFG.rounds + 1, 10**9])
+def test_a_push_refused_as_stale_at_a_round_no_server_is_at_is_a_bad_reply(
+        stale_at: int) -> None:
+    """A hostile server (or a proxy fronting one) answering the push of round 3 with
+    ``stale-round`` at a round not in 4..rounds: before, the worker caught up there (an
+    older round recomputed, momentum and all; a negative one raised deep in seeding;
+    one past the run ended the worker quietly, exit 0). Now it costs an attempt."""
+    core = make_core()
+    core.push(3, gradient(3), 0.0)
+    sends = sent(core.handle(0, error(ErrorCode.STALE_ROUND, stale_at), 1.0))
+    assert [(link, reopen, type(h)) for link, reopen, h in sends] == [
+        (0, True, Hello), (0, False, Push)]  # the push again, on a new connection
+    assert core.bad_replies == {"stale-round": 1}
+    assert core.outcome is None and core.pending == {0, 1}  # no catching up, not done
+
+
+def test_an_ack_of_another_round_or_worker_is_a_bad_reply() -> None:
+    core = make_core()
+    last = CFG.rounds - 1
+    core.push(last, gradient(last), 0.0)
+    core.handle(1, reply(Ack(round=last, worker=WORKER)), 0.5)
+    with pytest.raises(PeerError, match=f"acknowledged round 12345 of worker 7, not round "
+                                        f"{last} of worker {WORKER}"):
+        until_given_up(core, 0, reply(Ack(round=12345, worker=7)), 1.0)
+
+
+@pytest.mark.parametrize("changes", [{"d": 1}, {"d": 0}, {"round": -7},
+                                     {"round": CFG.rounds + 1}])
+def test_a_welcome_no_server_of_the_run_sends_is_refused(changes: dict) -> None:
+    core = ClientCore(CFG, "worker", WORKER, ENDPOINTS, RetryPolicy(TIMEOUT, RETRIES))
+    core.hello(0.0)
+    core.handle(1, reply(welcome(1)), 0.0)
+    with pytest.raises(PeerError, match="no server of 2 shards and 6 rounds does"):
+        core.handle(0, reply(replace(welcome(0), **changes)), 0.0)
 
 
 def test_a_reader_refused_stale_round_is_told() -> None:
