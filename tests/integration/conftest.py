@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -33,13 +35,20 @@ HANDSHAKE_END = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                  | zmq.EVENT_DISCONNECTED)
 
 
-def handshake_refused(sock: zmq.Socket, timeout_s: float = 10.0) -> bool:
+_MONITORS = itertools.count()
+
+
+def handshake_refused(sock: zmq.Socket, timeout_s: float = 20.0) -> bool:
     """The connected socket's handshake was refused (True: failed, or the connection
     dropped by the server; libzmq retries, so a later attempt's end is seen even if the
-    first came before the monitor) or succeeded (False)."""
+    first came before the monitor) or succeeded (False). The wait outlasts the server's
+    cut of a connection idle for 10 s; the monitor's address is this call's own (pyzmq's
+    default names it by the socket's descriptor, which a socket just closed may still
+    hold while its monitor is torn down)."""
     from zmq.utils.monitor import recv_monitor_message
 
-    monitor = sock.get_monitor_socket(HANDSHAKE_END)
+    monitor = sock.get_monitor_socket(
+        HANDSHAKE_END, addr=f"inproc://handshake-refused-{os.getpid()}-{next(_MONITORS)}")
     try:
         if not monitor.poll(int(timeout_s * 1000)):
             pytest.fail("no handshake event")
