@@ -38,17 +38,31 @@ HANDSHAKE_END = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 _MONITORS = itertools.count()
 
 
+def watched_dealer(ctx: zmq.Context, endpoint: str, curve=None) -> zmq.Socket:
+    """A DEALER as ``connect_dealer`` makes it, whose handshake monitor is attached before
+    it connects: an end that came before a monitor attached later would be missed (a
+    plain socket's refused greeting ends within a millisecond on loopback). The monitor's
+    address is its own (pyzmq's default names it by the socket's descriptor, which a
+    socket just closed may still hold)."""
+    from common.net.transport import configure
+
+    sock = configure(ctx.socket(zmq.DEALER), 0)
+    if curve is not None:
+        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+        sock.curve_serverkey = curve.server
+    sock.get_monitor_socket(
+        HANDSHAKE_END, addr=f"inproc://handshake-{os.getpid()}-{next(_MONITORS)}")
+    sock.connect(endpoint)
+    return sock
+
+
 def handshake_refused(sock: zmq.Socket, timeout_s: float = 20.0) -> bool:
-    """The connected socket's handshake was refused (True: failed, or the connection
-    dropped by the server; libzmq retries, so a later attempt's end is seen even if the
-    first came before the monitor) or succeeded (False). The wait outlasts the server's
-    cut of a connection idle for 10 s; the monitor's address is this call's own (pyzmq's
-    default names it by the socket's descriptor, which a socket just closed may still
-    hold while its monitor is torn down)."""
+    """The handshake of ``sock`` (a :func:`watched_dealer`) was refused (True: failed, or
+    the connection dropped by the server) or succeeded (False). The wait outlasts the
+    server's cut of a connection idle for 10 s."""
     from zmq.utils.monitor import recv_monitor_message
 
-    monitor = sock.get_monitor_socket(
-        HANDSHAKE_END, addr=f"inproc://handshake-refused-{os.getpid()}-{next(_MONITORS)}")
+    monitor = sock.get_monitor_socket()  # the one attached before it connected
     try:
         if not monitor.poll(int(timeout_s * 1000)):
             pytest.fail("no handshake event")

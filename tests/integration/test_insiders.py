@@ -23,7 +23,7 @@ from common.run.metrics import read_jsonl
 from ps.reference.engine import simulate
 from ps.reference.participation import read_participation
 from server.checkpoint import final_parameters, params_digest
-from tests.integration.conftest import handshake_refused, wait_for
+from tests.integration.conftest import handshake_refused, wait_for, watched_dealer
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def test_a_proxy_key_is_refused_by_the_servers_it_does_not_front(processes, tmp_
     ctx = zmq.Context.instance()
     hello = encode(Hello(role="proxy", worker=-1, config_hash=CFG.config_hash))
     # at shard 1 (no proxy in front): no connection at all, whatever it would say
-    other = connect_dealer(ctx, endpoints[1], 0, ring.client_curve("proxy-0", 1))
+    other = watched_dealer(ctx, endpoints[1], ring.client_curve("proxy-0", 1))
     try:
         assert handshake_refused(other)
     finally:

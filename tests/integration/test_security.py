@@ -14,7 +14,7 @@ from common.net.keys import CurveClient, KeyRing, create_keys
 from common.net.protocol import Error, ErrorCode, Header, Hello, Push, Welcome, decode, encode
 from common.net.transport import CURVE_IO_THREADS, bind_router, connect_dealer
 from common.run.config import AttackConfig, RunConfig
-from tests.integration.conftest import handshake_refused
+from tests.integration.conftest import handshake_refused, watched_dealer
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def test_a_client_without_an_admitted_key_gets_nothing(keyed_server) -> None:
     stranger_public, stranger_secret = zmq.curve_keypair()
     for curve in (None, CurveClient(stranger_public, stranger_secret,
                                     KeyRing(keys).public("server-0"))):
-        sock = connect_dealer(ctx, endpoint, 0, curve)
+        sock = watched_dealer(ctx, endpoint, curve)
         try:
             assert handshake_refused(sock)
             assert _ask(sock, _hello(0), wait_ms=500) is None
